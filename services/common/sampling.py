@@ -1,0 +1,77 @@
+"""Sampling options shared by every hop, their validation, and their protobuf form."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layerserve.common.v1 import common_pb2
+from services.common.errors import InvalidArgument
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(slots=True)
+class SamplingOptions:
+    """Zero values mean off; temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    # None: no logprobs. n >= 0: the sampled token's logprob and the n most likely alternatives.
+    logprobs: int | None = None
+
+    def validate(self) -> None:
+        """Raises InvalidArgument naming the first bad value."""
+        checks = [
+            (0.0 <= self.temperature <= 2.0, "temperature", "must be between 0 and 2"),
+            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
+            (self.top_k >= 0, "top_k", "must be >= 0 (0 disables it)"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "must be between 0 and 1"),
+            (0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be between -2 and 2"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be between -2 and 2"),
+            (self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)"),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+                "logprobs",
+                f"must be between 0 and {MAX_LOGPROBS}",
+            ),
+        ]
+        for ok, name, rule in checks:
+            if not ok:
+                raise InvalidArgument(f"{name} {rule}, got {getattr(self, name)!r}", param=name)
+
+    def to_proto(self) -> common_pb2.SamplingParams:
+        msg = common_pb2.SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
+        if self.seed is not None:
+            msg.seed = self.seed
+        if self.logprobs is not None:
+            msg.logprobs = self.logprobs
+        return msg
+
+    @classmethod
+    def from_proto(cls, msg: common_pb2.SamplingParams) -> SamplingOptions:
+        return cls(
+            temperature=msg.temperature,
+            top_p=msg.top_p if msg.top_p > 0 else 1.0,
+            top_k=msg.top_k,
+            min_p=msg.min_p,
+            repetition_penalty=msg.repetition_penalty if msg.repetition_penalty > 0 else 1.0,
+            presence_penalty=msg.presence_penalty,
+            frequency_penalty=msg.frequency_penalty,
+            seed=msg.seed if msg.HasField("seed") else None,
+            logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        )

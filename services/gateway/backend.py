@@ -1,0 +1,84 @@
+"""What the gateway's front ends (OpenAI HTTP, public gRPC) ask of the stack behind them.
+
+`TokenizerBackend` (tokenizer_client.py) implements `Backend` over the tokenizer service's
+multiplexed session stream. Errors come out as services.common.errors.LayerserveError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from services.common.sampling import SamplingOptions
+
+
+@dataclass(slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """One completion. Exactly one of prompt, messages, prompt_token_ids is set."""
+
+    request_id: str
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    prompt_token_ids: list[int] | None = None
+    add_generation_prompt: bool = True
+    max_tokens: int = 0  # 0 = up to the context length
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    priority: int = 0
+    trace_context: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TopLogprob:
+    token: str
+    token_bytes: bytes
+    logprob: float
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token: str
+    token_bytes: bytes
+    logprob: float
+    top: list[TopLogprob] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GenerationDelta:
+    """What a request produced since the previous delta. The last one has finish_reason set."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None  # parallel to token_ids when asked for
+    finish_reason: str | None = None  # "stop" | "length" on the last delta
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # total so far
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class ModelCard:
+    id: str
+    max_model_len: int
+    created: int = 0
+    owned_by: str = "layerserve"
+
+
+class Backend(Protocol):
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
+        """Streams deltas. Raises LayerserveError on failure; closing the iterator early (the
+        client went away) aborts the request and frees its resources."""
+        ...
+
+    async def list_models(self) -> list[ModelCard]: ...

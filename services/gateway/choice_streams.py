@@ -1,0 +1,138 @@
+"""The n choices of one OpenAI request, generated concurrently and funnelled into one queue.
+
+Each choice's backend iterator is driven by its own task (a "pump"), so a slow client never
+slows generation: deltas queue up, and the writer takes everything queued at once and merges
+it per choice (`coalesce`). Each pump also owns closing its iterator, so `close()` is a plain
+synchronous cancel that still aborts every backend request even when the caller is itself being
+cancelled (client gone, server shutting down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from services.common.errors import Cancelled, Internal
+from services.gateway.backend import Backend, GenerationDelta, GenerationRequest
+
+log = logging.getLogger(__name__)
+
+# (choice index, what it produced): a delta, or the exception that ended the choice.
+Item = tuple[int, GenerationDelta | BaseException]
+
+# Strong references to running pumps: the event loop keeps only weak ones, and a pump that was
+# cancelled must live on until it has closed its iterator, after its request handler is gone.
+_live_pumps: set[asyncio.Task[None]] = set()
+
+
+class ChoiceStreams:
+    """Starts one pump per request. Every choice ends with exactly one terminal item: a delta
+    with finish_reason set, or an exception."""
+
+    def __init__(self, backend: Backend, requests: list[GenerationRequest]) -> None:
+        self._queue: asyncio.Queue[Item] = asyncio.Queue()
+        self._open = set(range(len(requests)))  # choices whose terminal item is still to come
+        self._tasks = [
+            asyncio.create_task(self._pump(i, backend, r), name=f"pump {r.request_id}")
+            for i, r in enumerate(requests)
+        ]
+        for task in self._tasks:
+            _live_pumps.add(task)
+            task.add_done_callback(_live_pumps.discard)
+
+    @property
+    def finished(self) -> bool:
+        return not self._open
+
+    async def next_batch(self) -> list[Item]:
+        """Waits for one item, then takes everything else already queued, in arrival order."""
+        items = [await self._queue.get()]
+        while not self._queue.empty():
+            items.append(self._queue.get_nowait())
+        for index, item in items:
+            if _is_terminal(item):
+                self._open.discard(index)
+        return items
+
+    async def first_batch(self) -> list[Item]:
+        """Items up to the point where every choice has produced something or failed: until
+        then nothing is committed to the client, so an error can still be an HTTP status."""
+        items: list[Item] = []
+        waiting = set(range(len(self._tasks)))
+        while waiting:
+            batch = await self.next_batch()
+            items.extend(batch)
+            waiting.difference_update(index for index, _ in batch)
+        return items
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    async def _pump(self, index: int, backend: Backend, request: GenerationRequest) -> None:
+        iterator: AsyncIterator[GenerationDelta] | None = None
+        ended = False
+        try:
+            iterator = backend.generate(request)
+            async for delta in iterator:
+                ended = delta.finish_reason is not None
+                self._queue.put_nowait((index, delta))
+                if ended:
+                    return
+            ended = True
+            self._queue.put_nowait((index, Internal("generation ended without a finish reason")))
+        except Exception as exc:  # handed to the consumer, which logs and maps it
+            ended = True
+            self._queue.put_nowait((index, exc))
+        finally:
+            if not ended:  # cancelled: wake any reader rather than leave it waiting forever
+                self._queue.put_nowait((index, Cancelled("generation was cancelled")))
+            if iterator is not None:
+                await _close_iterator(iterator, request.request_id)
+
+
+def _is_terminal(item: GenerationDelta | BaseException) -> bool:
+    return isinstance(item, BaseException) or item.finish_reason is not None
+
+
+async def _close_iterator(iterator: AsyncIterator[GenerationDelta], request_id: str) -> None:
+    """aclose() is what tells the backend to abort; a no-op on a finished async generator."""
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        await aclose()
+    except Exception:  # the request is over either way; the operator gets a note
+        log.warning("request %s: closing the backend stream failed", request_id, exc_info=True)
+
+
+def coalesce(items: list[Item]) -> tuple[dict[int, GenerationDelta], BaseException | None]:
+    """Merges each choice's queued deltas into one, in order; stops at the first error.
+
+    Returns the merged deltas keyed by choice (in order of first appearance) and the error."""
+    grouped: dict[int, list[GenerationDelta]] = {}
+    error: BaseException | None = None
+    for index, item in items:
+        if isinstance(item, BaseException):
+            error = item
+            break
+        grouped.setdefault(index, []).append(item)
+    return {index: merge_deltas(deltas) for index, deltas in grouped.items()}, error
+
+
+def merge_deltas(deltas: list[GenerationDelta]) -> GenerationDelta:
+    """Consecutive deltas of one choice as one: texts concatenate, counts are running totals.
+    Joins once, so merging thousands of queued deltas stays linear."""
+    if len(deltas) == 1:
+        return deltas[0]
+    with_logprobs = [d.logprobs for d in deltas if d.logprobs is not None]
+    return GenerationDelta(
+        text="".join(d.text for d in deltas),
+        token_ids=[t for d in deltas for t in d.token_ids],
+        logprobs=[lp for lps in with_logprobs for lp in lps] if with_logprobs else None,
+        finish_reason=deltas[-1].finish_reason,
+        prompt_tokens=max(d.prompt_tokens for d in deltas),
+        completion_tokens=max(d.completion_tokens for d in deltas),
+        cached_tokens=max(d.cached_tokens for d in deltas),
+    )

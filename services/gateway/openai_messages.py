@@ -1,0 +1,65 @@
+"""Chat `messages` -> ChatMessages: roles the chat template knows, content flattened to text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.common.errors import InvalidArgument
+from services.gateway.backend import ChatMessage
+
+# OpenAI's "developer" role is its newer name for "system"; open models' chat templates only
+# know "system", so it is renamed here rather than failing inside the template.
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# Tool results need a tool_call_id the template would have to render; tools are unsupported.
+_UNSUPPORTED_ROLES = {"tool", "function"}
+# Texts of a multi-part content are joined the way vLLM joins them.
+_PART_SEPARATOR = "\n"
+
+
+def parse_messages(value: Any) -> list[ChatMessage]:
+    if value is None:
+        raise InvalidArgument("messages is required", param="messages")
+    if not isinstance(value, list) or not value:
+        raise InvalidArgument("messages must be a non-empty array", param="messages")
+    return [_parse_message(m, f"messages[{i}]") for i, m in enumerate(value)]
+
+
+def _parse_message(message: Any, param: str) -> ChatMessage:
+    if not isinstance(message, dict):
+        raise InvalidArgument(f"{param} must be an object", param=param)
+    role = message.get("role")
+    if role in _UNSUPPORTED_ROLES:
+        raise InvalidArgument(f"{param}: role {role!r} is not supported", param=f"{param}.role")
+    if role not in _ROLES:
+        allowed = ", ".join(sorted(_ROLES))
+        raise InvalidArgument(f"{param}.role must be one of {allowed}", param=f"{param}.role")
+    content = _content_text(message.get("content"), role, f"{param}.content")
+    return ChatMessage(role=_ROLES[role], content=content)
+
+
+def _content_text(content: Any, role: str, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        # Only an assistant turn may omit content (OpenAI allows it there, e.g. a refusal).
+        if role == "assistant":
+            return ""
+        raise InvalidArgument(f"{param} is required", param=param)
+    if not isinstance(content, list):
+        raise InvalidArgument(f"{param} must be a string or an array of parts", param=param)
+    return _PART_SEPARATOR.join(_part_text(p, f"{param}[{i}]") for i, p in enumerate(content))
+
+
+def _part_text(part: Any, param: str) -> str:
+    if not isinstance(part, dict):
+        raise InvalidArgument(f"{param} must be an object", param=param)
+    kind = part.get("type")
+    if kind != "text":
+        raise InvalidArgument(
+            f"{param}: content part type {kind!r} is not supported (only 'text')",
+            param=f"{param}.type",
+        )
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise InvalidArgument(f"{param}.text must be a string", param=f"{param}.text")
+    return text

@@ -1,0 +1,77 @@
+"""Checks a submitted request against the model it targets, and builds the scheduler's Request.
+Everything a client can get wrong is caught here, with a message that says what to change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.errors import InvalidArgument
+from services.common.sampling import SamplingOptions
+from services.scheduler.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    max_model_len: int
+    vocab_size: int
+    block_size: int
+    num_blocks: int
+    eos_token_ids: frozenset[int]
+
+
+def admit(
+    *,
+    request_id: str,
+    prompt_token_ids: list[int],
+    max_tokens: int,
+    sampling: SamplingOptions,
+    stop_token_ids: list[int],
+    ignore_eos: bool,
+    priority: int,
+    trace_context: dict[str, str],
+    limits: ModelLimits,
+) -> Request:
+    """Raises InvalidArgument when the request can never run on this model."""
+    if not request_id:
+        raise InvalidArgument("request_id must not be empty")
+    num_prompt = len(prompt_token_ids)
+    if num_prompt == 0:
+        raise InvalidArgument("the prompt must contain at least one token", param="prompt")
+    bad = [t for t in prompt_token_ids if not 0 <= t < limits.vocab_size]
+    if bad:
+        raise InvalidArgument(
+            f"token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})", param="prompt"
+        )
+    if max_tokens < 0:
+        raise InvalidArgument(f"max_tokens must be positive, got {max_tokens}", param="max_tokens")
+    if num_prompt >= limits.max_model_len:
+        raise InvalidArgument(
+            f"This model's maximum context length is {limits.max_model_len} tokens. However, "
+            f"your prompt has {num_prompt} tokens. Shorten the prompt.",
+            param="prompt",
+        )
+    resolved = max_tokens or limits.max_model_len - num_prompt
+    if num_prompt + resolved > limits.max_model_len:
+        raise InvalidArgument(
+            f"This model's maximum context length is {limits.max_model_len} tokens. However, you "
+            f"requested {num_prompt + resolved} tokens ({num_prompt} in the prompt, {resolved} "
+            "for the completion). Reduce the prompt or max_tokens.",
+            param="max_tokens",
+        )
+    if -(-(num_prompt + resolved) // limits.block_size) > limits.num_blocks:
+        raise InvalidArgument(
+            f"{num_prompt + resolved} tokens exceed this worker's KV cache "
+            f"({limits.num_blocks * limits.block_size} tokens). Reduce the prompt or max_tokens.",
+            param="max_tokens",
+        )
+    sampling.validate()
+    stops = frozenset(stop_token_ids) | (frozenset() if ignore_eos else limits.eos_token_ids)
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=list(prompt_token_ids),
+        max_tokens=resolved,
+        sampling=sampling,
+        stop_token_ids=stops,
+        priority=priority,
+        trace_context=trace_context,
+    )

@@ -1,0 +1,69 @@
+"""A generation request as the scheduler tracks it: tokens, progress, blocks, outcome."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from services.common.sampling import SamplingOptions
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(slots=True)
+class Request:
+    """Each request has num_computed_tokens; every step assigns it tokens so that it catches up
+    with all_token_ids (the prompt while prefilling, then the one token sampled last step)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int  # resolved: never 0
+    sampling: SamplingOptions
+    stop_token_ids: frozenset[int]
+    priority: int = 0
+    trace_context: dict[str, str] = field(default_factory=dict)
+    arrival: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: FinishReason | None = None
+    on_worker: bool = False  # the worker holds its state (it was sent in full)
+    num_preemptions: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def sort_key(self) -> tuple[int, float]:
+        """Queue order: higher priority first, then first come first served."""
+        return (-self.priority, self.arrival)

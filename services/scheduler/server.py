@@ -1,0 +1,110 @@
+"""scheduler.v1.Scheduler over gRPC: sessions of many requests multiplexed on one stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+
+from layerserve.common.v1 import common_pb2
+from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common.errors import LayerserveError, code_number
+from services.common.mux import Outbox
+from services.scheduler.router import Router
+
+log = logging.getLogger(__name__)
+
+RequestOutput = scheduler_pb2.RequestOutput
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, router: Router) -> None:
+        self._router = router
+        self._outboxes: dict[str, Outbox[RequestOutput]] = {}  # request id -> its session's
+
+    def emit(self, outputs: list[RequestOutput]) -> None:
+        """Called by worker links after each step: route outputs to their sessions."""
+        for output in outputs:
+            outbox = self._outboxes.get(output.request_id)
+            if outbox is None:
+                continue
+            outbox.put(output)
+            if output.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+                del self._outboxes[output.request_id]
+                self._router.forget(output.request_id)
+
+    async def Session(
+        self, request_iterator: AsyncIterator[scheduler_pb2.SessionRequest], context
+    ) -> AsyncIterator[scheduler_pb2.SessionResponse]:
+        outbox: Outbox[RequestOutput] = Outbox()
+        mine: set[str] = set()
+        reader = asyncio.ensure_future(self._read(request_iterator, outbox, mine))
+        try:
+            while not (reader.done() and not self._open(mine)):
+                batch_task = asyncio.ensure_future(outbox.next_batch())
+                await asyncio.wait({batch_task, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if not batch_task.done():
+                    batch_task.cancel()
+                    continue
+                yield scheduler_pb2.SessionResponse(outputs=batch_task.result())
+        finally:
+            reader.cancel()
+            for request_id in self._open(mine):
+                self._outboxes.pop(request_id, None)
+                self._router.abort(request_id)
+
+    def _open(self, mine: set[str]) -> list[str]:
+        mine.intersection_update(self._outboxes)
+        return list(mine)
+
+    async def _read(self, request_iterator, outbox: Outbox[RequestOutput], mine: set[str]) -> None:
+        async for msg in request_iterator:
+            for request_id in msg.aborts:
+                if self._outboxes.pop(request_id, None) is not None:
+                    self._router.abort(request_id)
+            for submit in msg.submits:
+                self._submit(submit, outbox, mine)
+
+    def _submit(self, submit, outbox: Outbox[RequestOutput], mine: set[str]) -> None:
+        if submit.request_id in self._outboxes:
+            outbox.put(_error(submit.request_id, "duplicate request_id", code=3))
+            return
+        self._outboxes[submit.request_id] = outbox
+        mine.add(submit.request_id)
+        try:
+            self._router.submit(submit)
+        except LayerserveError as err:
+            del self._outboxes[submit.request_id]
+            outbox.put(_error(submit.request_id, err.message, code=code_number(err)))
+
+    async def GetStats(self, request, context) -> scheduler_pb2.SchedulerStats:
+        stats = scheduler_pb2.SchedulerStats()
+        for link in self._router.links:
+            s, info = link.scheduler, link.info
+            if s is None or info is None or (request.model and request.model != info.model):
+                continue
+            stats.workers.add(
+                model=info.model, address=link.address, num_blocks=s.kv.pool.num_blocks,
+                free_blocks=s.kv.pool.num_free, running=len(s.running), waiting=s.num_waiting,
+                steps=s.num_steps, preemptions=s.num_preemptions,
+            )
+        return stats
+
+    async def ListModels(self, request, context) -> scheduler_pb2.ListModelsResponse:
+        return scheduler_pb2.ListModelsResponse(
+            models=[
+                scheduler_pb2.ModelInfo(id=name, max_model_len=length)
+                for name, length in sorted(self._router.models().items())
+            ]
+        )
+
+
+def _error(request_id: str, message: str, *, code: int) -> RequestOutput:
+    return RequestOutput(
+        request_id=request_id,
+        finish_reason=common_pb2.FINISH_REASON_ERROR,
+        error=common_pb2.Status(code=code, message=message),
+    )
+
+

@@ -1,0 +1,180 @@
+"""The scheduler's side of one worker: its Scheduler (blocks, queues) and the step loop that
+drives the worker over one Execute stream, one batched message per step each way."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from layerserve.common.v1 import common_pb2
+from layerserve.scheduler.v1 import scheduler_pb2
+from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
+from services.common.grpc_util import new_channel
+from services.scheduler.block_pool import BlockPool
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.request import FinishReason, Request
+from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[list[scheduler_pb2.RequestOutput]], None]
+
+_FINISH = {
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: common_pb2.FINISH_REASON_ABORT,
+    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
+}
+RECONNECT_SECONDS = 1.0
+
+
+def step_to_proto(step: ScheduledStep, step_id: int) -> worker_pb2.StepRequest:
+    msg = worker_pb2.StepRequest(step_id=step_id, finished_ids=step.finished_ids)
+    for request, num_new in step.new:
+        msg.new_sequences.append(
+            worker_pb2.NewSequence(
+                request_id=request.request_id,
+                token_ids=request.all_token_ids,
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_computed_tokens=request.num_computed_tokens - num_new,
+                num_new_tokens=num_new,
+                block_ids=request.block_ids,
+                sampling=request.sampling.to_proto(),
+                trace=common_pb2.TraceContext(carrier=request.trace_context),
+            )
+        )
+    for request, num_new, new_blocks in step.running:
+        msg.running.append(
+            worker_pb2.RunningSequence(
+                request_id=request.request_id, num_new_tokens=num_new, new_block_ids=new_blocks
+            )
+        )
+    return msg
+
+
+def output_for(request: Request, sample: Sample) -> scheduler_pb2.RequestOutput:
+    out = scheduler_pb2.RequestOutput(
+        request_id=request.request_id,
+        token_ids=[sample.token_id],
+        prompt_tokens=request.num_prompt_tokens,
+    )
+    if sample.logprob is not None:
+        out.logprobs.append(sample.logprob)
+    if request.finish_reason is not None:
+        out.finish_reason = _FINISH[request.finish_reason]
+    return out
+
+
+def error_output(request_id: str, code: grpc.StatusCode, message: str):
+    return scheduler_pb2.RequestOutput(
+        request_id=request_id,
+        finish_reason=common_pb2.FINISH_REASON_ERROR,
+        error=common_pb2.Status(code=code.value[0], message=message),
+    )
+
+
+class WorkerLink:
+    def __init__(self, address: str, limits: SchedulerLimits, emit: Emit) -> None:
+        self.address = address
+        self.limits = limits
+        self._emit = emit
+        self._channel = new_channel(address)
+        self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+        self.info: worker_pb2.WorkerInfo | None = None
+        self.scheduler: Scheduler | None = None
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._step_id = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.scheduler is not None
+
+    @property
+    def load(self) -> int:
+        s = self.scheduler
+        return len(s.requests) if s is not None else 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._channel.close()
+
+    def submit(self, request: Request) -> None:
+        assert self.scheduler is not None, "submit to a link that is not ready"
+        self.scheduler.add(request)
+        self._wakeup.set()
+
+    def abort(self, request_id: str) -> None:
+        if self.scheduler is not None and self.scheduler.abort(request_id) is not None:
+            self._wakeup.set()
+
+    async def _run_forever(self) -> None:
+        while True:
+            try:
+                await self._connect()
+                await self._step_loop()
+            except grpc.aio.AioRpcError as err:
+                log.warning("worker %s: %s", self.address, err.details() or err.code().name)
+            self._fail_all(f"worker {self.address} became unavailable")
+            await asyncio.sleep(RECONNECT_SECONDS)
+
+    async def _connect(self) -> None:
+        self.info = await self._stub.Describe(worker_pb2.DescribeRequest(), wait_for_ready=True)
+        kv = KVCacheManager(BlockPool(self.info.num_blocks), self.info.block_size)
+        eos = frozenset(self.info.eos_token_ids)
+        self.scheduler = Scheduler(self.limits, kv, self.info.max_model_len, eos)
+        log.info("worker %s ready: model %s, %d blocks of %d tokens", self.address,
+                 self.info.model, self.info.num_blocks, self.info.block_size)
+
+    async def _step_loop(self) -> None:
+        assert self.scheduler is not None
+        scheduler = self.scheduler
+        call = self._stub.Execute()
+        try:
+            while True:
+                if not scheduler.has_work():
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                step = scheduler.schedule()
+                if step.is_empty:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                self._step_id += 1
+                await call.write(step_to_proto(step, self._step_id))
+                result = await call.read()
+                if result is grpc.aio.EOF:
+                    raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
+                                               "the worker closed the step stream")
+                self._apply(result)
+        finally:
+            call.cancel()
+
+    def _apply(self, result: worker_pb2.StepResult) -> None:
+        assert self.scheduler is not None
+        if result.HasField("error"):
+            raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, None, None,
+                                       f"worker rejected a step: {result.error.message}")
+        samples = [Sample(s.request_id, s.token_id, s.logprob if s.HasField("logprob") else None)
+                   for s in result.sampled]
+        updated = self.scheduler.update(samples)
+        if updated:
+            self._emit([output_for(request, sample) for request, sample in updated])
+
+    def _fail_all(self, message: str) -> None:
+        if self.scheduler is None:
+            return
+        failed = self.scheduler.fail_all()
+        self.scheduler = None
+        if failed:
+            code = grpc.StatusCode.UNAVAILABLE
+            self._emit([error_output(r.request_id, code, message) for r in failed])

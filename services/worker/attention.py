@@ -1,0 +1,192 @@
+"""Attention over the paged KV cache for one flattened, variable-length batch.
+
+AttentionMetadata is built once per step and shared by every layer. paged_attention is the seam
+where a fused GPU kernel can replace the torch implementation below; the torch version batches
+all single-token decode sequences into one SDPA call and runs each prefill chunk on its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from services.worker.kv_cache import gather_blocks
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Every sequence with exactly one new token, attended in one batched call."""
+
+    token_index: torch.Tensor  # [B] int64: rows of the flattened batch
+    block_tables: torch.Tensor  # [B, nb] int64, nb blocks cover the longest context
+    key_mask: torch.Tensor  # [B, 1, 1, nb * block_size] bool, True where a key is real
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    """One sequence with several new tokens (a prompt or a chunk of it)."""
+
+    start: int  # first row of the flattened batch
+    end: int  # one past the last row
+    block_table: torch.Tensor  # [1, nb] int64
+    mask: torch.Tensor  # [q_len, nb * block_size] bool: causal, shifted by the cached prefix
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Per-step layout of the flattened batch: S sequences contributing T tokens in total."""
+
+    query_start: torch.Tensor  # [S + 1] int64: sequence i owns rows query_start[i]:query_start[i+1]
+    query_lens: list[int]  # [S]: tokens computed this step
+    context_lens: list[int]  # [S]: cached + new tokens, i.e. keys visible to the last query
+    block_tables: torch.Tensor  # [S, max_blocks] int64, padded with block 0 (masked by length)
+    slot_mapping: torch.Tensor  # [T] int64: flat cache slot of each new token's K/V
+    positions: torch.Tensor  # [T] int64: position of each new token in its sequence
+    block_size: int
+    decode: DecodeGroup | None
+    prefills: list[PrefillChunk]
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device,
+    ) -> AttentionMetadata:
+        """Lays out S sequences; each block table must cover its context (checked by the caller)."""
+        starts = [0]
+        for length in query_lens:
+            starts.append(starts[-1] + length)
+        max_blocks = max(len(table) for table in block_tables)
+        tables = torch.zeros((len(block_tables), max_blocks), dtype=torch.int64)
+        for i, table in enumerate(block_tables):
+            tables[i, : len(table)] = torch.tensor(table, dtype=torch.int64)
+        positions, seq_of_token = _positions(query_lens, context_lens)
+        blocks = tables[seq_of_token, positions // block_size]
+        slots = blocks * block_size + positions % block_size
+        return cls(
+            query_start=torch.tensor(starts, dtype=torch.int64, device=device),
+            query_lens=list(query_lens),
+            context_lens=list(context_lens),
+            block_tables=tables.to(device),
+            slot_mapping=slots.to(device),
+            positions=positions.to(device),
+            block_size=block_size,
+            decode=_decode_group(starts, query_lens, context_lens, tables, block_size, device),
+            prefills=_prefill_chunks(starts, query_lens, context_lens, tables, block_size, device),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.query_lens))
+
+
+def _positions(query_lens: list[int], context_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions [T] of the new tokens and the sequence index [T] each belongs to."""
+    spans = [torch.arange(c - q, c) for q, c in zip(query_lens, context_lens, strict=True)]
+    owners = [torch.full((q,), i) for i, q in enumerate(query_lens)]
+    return torch.cat(spans).to(torch.int64), torch.cat(owners).to(torch.int64)
+
+
+def _decode_group(
+    starts: list[int],
+    query_lens: list[int],
+    context_lens: list[int],
+    tables: torch.Tensor,
+    block_size: int,
+    device: torch.device,
+) -> DecodeGroup | None:
+    rows = [i for i, q in enumerate(query_lens) if q == 1]
+    if not rows:
+        return None
+    contexts = torch.tensor([context_lens[i] for i in rows], dtype=torch.int64)
+    # Only as many blocks as the longest decode context needs, so short batches gather little.
+    num_blocks = -(-int(contexts.max()) // block_size)
+    key_pos = torch.arange(num_blocks * block_size)
+    key_mask = key_pos[None, :] < contexts[:, None]  # [B, L]
+    return DecodeGroup(
+        token_index=torch.tensor([starts[i] for i in rows], dtype=torch.int64, device=device),
+        block_tables=tables[rows, :num_blocks].to(device),
+        key_mask=key_mask[:, None, None, :].to(device),
+    )
+
+
+def _prefill_chunks(
+    starts: list[int],
+    query_lens: list[int],
+    context_lens: list[int],
+    tables: torch.Tensor,
+    block_size: int,
+    device: torch.device,
+) -> list[PrefillChunk]:
+    chunks = []
+    for i, (q_len, ctx) in enumerate(zip(query_lens, context_lens, strict=True)):
+        if q_len <= 1:
+            continue
+        num_blocks = -(-ctx // block_size)
+        query_pos = torch.arange(ctx - q_len, ctx)
+        key_pos = torch.arange(num_blocks * block_size)
+        # A query sees every cached key and the new keys up to itself; keys past ctx are padding.
+        mask = key_pos[None, :] <= query_pos[:, None]  # [q_len, L]
+        chunks.append(
+            PrefillChunk(
+                start=starts[i],
+                end=starts[i] + q_len,
+                block_table=tables[i : i + 1, :num_blocks].to(device),
+                mask=mask.to(device),
+            )
+        )
+    return chunks
+
+
+def paged_attention(
+    q: torch.Tensor, layer_cache: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata
+) -> torch.Tensor:
+    """Attention of new queries over cached keys/values (the new K/V must already be written).
+
+    q: [T, H, D]; layer_cache: K and V [num_blocks, block_size, Hkv, D]. Returns [T, H, D]."""
+    k_cache, v_cache = layer_cache
+    out = torch.empty_like(q)
+    if attn.decode is not None:
+        group = attn.decode
+        out[group.token_index] = _decode_attention(q[group.token_index], k_cache, v_cache, group)
+    for chunk in attn.prefills:
+        out[chunk.start : chunk.end] = _prefill_attention(
+            q[chunk.start : chunk.end], k_cache, v_cache, chunk
+        )
+    return out
+
+
+def _decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup
+) -> torch.Tensor:
+    """q: [B, H, D] -> [B, H, D], one query per sequence."""
+    batch, num_heads, dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    keys = gather_blocks(k_cache, group.block_tables)  # [B, Hkv, L, D]
+    values = gather_blocks(v_cache, group.block_tables)
+    # GQA without copying K/V: the G query heads sharing a KV head become G query rows.
+    q_grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, dim)  # [B, Hkv, G, D]
+    out = F.scaled_dot_product_attention(q_grouped, keys, values, attn_mask=group.key_mask)
+    return out.reshape(batch, num_heads, dim)
+
+
+def _prefill_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PrefillChunk
+) -> torch.Tensor:
+    """q: [Q, H, D] -> [Q, H, D] for one sequence's chunk of new tokens."""
+    q_len, num_heads, dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group_size = num_heads // num_kv_heads
+    keys = gather_blocks(k_cache, chunk.block_table)[0]  # [Hkv, L, D]
+    values = gather_blocks(v_cache, chunk.block_table)[0]
+    # [Q, Hkv, G, D] -> [Hkv, G * Q, D]: query heads of one KV head stacked as rows (GQA).
+    q_rows = q.view(q_len, num_kv_heads, group_size, dim).permute(1, 2, 0, 3)
+    q_rows = q_rows.reshape(num_kv_heads, group_size * q_len, dim)
+    mask = chunk.mask.repeat(group_size, 1)  # [G * Q, L], same row order as q_rows
+    out = F.scaled_dot_product_attention(q_rows, keys, values, attn_mask=mask)
+    out = out.view(num_kv_heads, group_size, q_len, dim).permute(2, 0, 1, 3)
+    return out.reshape(q_len, num_heads, dim)

@@ -1,0 +1,63 @@
+"""A worker without a model: same protocol and bookkeeping, tokens from a fixed cycle.
+
+It measures the plumbing (scheduler, tokenizer, gateway and the hops between them) with the
+model's cost taken out: `python -m services.worker --null`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.worker.plan import Sampled, StepPlan
+
+# Ids of common single-word tokens in the SmolLM2 vocabulary would tie this to one model; any
+# ids below the vocabulary size work, the tokenizer renders whatever they are.
+_CYCLE = tuple(range(300, 1300))
+
+
+@dataclass(slots=True)
+class _Sequence:
+    num_tokens: int
+    num_computed: int
+    num_generated: int
+
+
+class NullRunner:
+    model_name = "null"
+    fingerprint = "null"
+    device = "cpu"
+    dtype = "none"
+
+    def __init__(
+        self, *, block_size: int = 16, num_blocks: int = 65536, max_model_len: int = 8192
+    ) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_model_len = max_model_len
+        self.vocab_size = 49152
+        self.eos_token_ids: tuple[int, ...] = ()
+        self._sequences: dict[str, _Sequence] = {}
+
+    def execute(self, plan: StepPlan) -> list[Sampled]:
+        for request_id in plan.finished_ids:
+            self._sequences.pop(request_id, None)
+        scheduled: list[tuple[str, int]] = []
+        for new in plan.new:
+            self._sequences[new.request_id] = _Sequence(
+                len(new.token_ids), new.num_computed_tokens, 0
+            )
+            scheduled.append((new.request_id, new.num_new_tokens))
+        for running in plan.running:
+            if running.request_id not in self._sequences:
+                raise ValueError(f"unknown request {running.request_id!r}")
+            scheduled.append((running.request_id, running.num_new_tokens))
+        sampled = []
+        for request_id, num_new in scheduled:
+            seq = self._sequences[request_id]
+            seq.num_computed += num_new
+            if seq.num_computed >= seq.num_tokens:
+                token = _CYCLE[seq.num_generated % len(_CYCLE)]
+                seq.num_generated += 1
+                seq.num_tokens += 1
+                sampled.append(Sampled(request_id, token))
+        return sampled

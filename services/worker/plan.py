@@ -1,0 +1,47 @@
+"""What the worker is asked to do in one engine step, and what it answers: the domain form of
+worker.v1.StepRequest / StepResult. server.py converts protobuf to and from these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.sampling import SamplingOptions
+
+
+@dataclass(slots=True)
+class NewSequence:
+    """A request the worker has not seen (or one resumed after preemption), in full."""
+
+    request_id: str
+    token_ids: list[int]  # prompt, then tokens already generated
+    num_prompt_tokens: int
+    num_computed_tokens: int  # KV already in the cache (reused prefix); compute starts here
+    num_new_tokens: int  # tokens to compute this step
+    block_ids: list[int]  # block table, in sequence order
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+
+
+@dataclass(slots=True)
+class RunningSequence:
+    """A request the worker holds, as what changed since the previous step."""
+
+    request_id: str
+    num_new_tokens: int
+    new_block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StepPlan:
+    new: list[NewSequence] = field(default_factory=list)
+    running: list[RunningSequence] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)  # forget these before the step
+
+
+@dataclass(slots=True)
+class Sampled:
+    """One token sampled for a sequence whose computed tokens reached its known tokens."""
+
+    request_id: str
+    token_id: int
+    logprob: float | None = None  # set when the request asked for logprobs
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # most likely first
