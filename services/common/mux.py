@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -165,3 +165,28 @@ class Outbox(Generic[Output]):
         self._ready.clear()
         batch, self._items = self._items, []
         return batch
+
+    @property
+    def empty(self) -> bool:
+        return not self._items
+
+
+async def session_batches(
+    outbox: Outbox[Output], reader: asyncio.Future, has_open: Callable[[], bool]
+) -> AsyncIterator[list[Output]]:
+    """The server side of a session: yields batches of outputs until the client has stopped
+    sending (reader done) and every request it submitted has ended and been delivered."""
+    while True:
+        if reader.done():
+            if reader.cancelled() or reader.exception() is not None:
+                return
+            if outbox.empty and not has_open():
+                return
+            yield await outbox.next_batch()
+            continue
+        batch = asyncio.ensure_future(outbox.next_batch())
+        await asyncio.wait({batch, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if batch.done():
+            yield batch.result()
+        else:
+            batch.cancel()

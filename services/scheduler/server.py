@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import LayerserveError, code_number
-from services.common.mux import Outbox
+from services.common.mux import Outbox, session_batches
 from services.scheduler.router import Router
 
 log = logging.getLogger(__name__)
@@ -41,13 +41,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         mine: set[str] = set()
         reader = asyncio.ensure_future(self._read(request_iterator, outbox, mine))
         try:
-            while not (reader.done() and not self._open(mine)):
-                batch_task = asyncio.ensure_future(outbox.next_batch())
-                await asyncio.wait({batch_task, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if not batch_task.done():
-                    batch_task.cancel()
-                    continue
-                yield scheduler_pb2.SessionResponse(outputs=batch_task.result())
+            async for batch in session_batches(outbox, reader, lambda: bool(self._open(mine))):
+                yield scheduler_pb2.SessionResponse(outputs=batch)
         finally:
             reader.cancel()
             for request_id in self._open(mine):

@@ -1,0 +1,30 @@
+"""API keys: from LAYERSERVE_API_KEYS (comma-separated) or a keys file (one per line, # comments)."""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+
+
+def load_api_keys(env_keys: list[str], keys_file: str | None) -> frozenset[str]:
+    keys = set(env_keys)
+    if keys_file:
+        path = Path(keys_file)
+        if not path.is_file():
+            raise ValueError(f"API keys file {keys_file} does not exist")
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                keys.add(line)
+    return frozenset(keys)
+
+
+def is_authorized(keys: frozenset[str], authorization: str | None) -> bool:
+    """True when no keys are configured, or the header is `Bearer <a configured key>`."""
+    if not keys:
+        return True
+    if not authorization or not authorization.startswith("Bearer "):
+        return False
+    presented = authorization[len("Bearer ") :].strip()
+    # Compare against every key in constant time so timing reveals nothing about the keys.
+    return any(hmac.compare_digest(presented, key) for key in keys)

@@ -1,0 +1,95 @@
+"""The public gateway.v1.Gateway gRPC API, on the same Backend as the HTTP API."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+
+from layerserve.common.v1 import common_pb2
+from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from services.common.errors import InvalidArgument, LayerserveError
+from services.common.sampling import SamplingOptions
+from services.gateway.api_keys import is_authorized
+from services.gateway.backend import Backend, ChatMessage, GenerationRequest
+
+log = logging.getLogger(__name__)
+
+_FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
+
+
+def request_from_proto(msg: gateway_pb2.GenerateRequest, request_id: str) -> GenerationRequest:
+    if not msg.model:
+        raise InvalidArgument("model is required", param="model")
+    if msg.HasField("max_tokens") and msg.max_tokens < 1:
+        raise InvalidArgument(f"max_tokens must be at least 1, got {msg.max_tokens}",
+                              param="max_tokens")
+    sampling = SamplingOptions.from_proto(msg.sampling)
+    sampling.validate()
+    req = GenerationRequest(
+        request_id=request_id,
+        model=msg.model,
+        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else 0,
+        sampling=sampling,
+        stop=list(msg.stop),
+        ignore_eos=msg.ignore_eos,
+    )
+    which = msg.WhichOneof("input")
+    if which == "prompt":
+        req.prompt = msg.prompt
+    elif which == "chat" and msg.chat.messages:
+        req.messages = [ChatMessage(m.role, m.content) for m in msg.chat.messages]
+    else:
+        raise InvalidArgument("give a prompt or at least one chat message", param="prompt")
+    return req
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, backend: Backend, api_keys: frozenset[str]) -> None:
+        self._backend = backend
+        self._api_keys = api_keys
+
+    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        if not is_authorized(self._api_keys, metadata.get("authorization")):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "invalid or missing API key (metadata authorization: Bearer KEY)")
+
+    async def Generate(self, request, context) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+        await self._authorize(context)
+        request_id = f"gen-{uuid.uuid4().hex}"
+        try:
+            req = request_from_proto(request, request_id)
+            deltas = self._backend.generate(req)
+            try:
+                async for delta in deltas:
+                    yield gateway_pb2.GenerateResponse(
+                        text=delta.text,
+                        token_ids=delta.token_ids,
+                        finish_reason=_FINISH.get(delta.finish_reason or "", 0),
+                        prompt_tokens=delta.prompt_tokens,
+                        completion_tokens=delta.completion_tokens,
+                        cached_tokens=delta.cached_tokens,
+                        request_id=request_id,
+                    )
+            finally:
+                await deltas.aclose()
+        except LayerserveError as err:
+            await context.abort(err.grpc_code, err.message)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("request %s failed", request_id)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request {request_id})")
+
+    async def ListModels(self, request, context) -> gateway_pb2.ListModelsResponse:
+        await self._authorize(context)
+        try:
+            models = await self._backend.list_models()
+        except LayerserveError as err:
+            await context.abort(err.grpc_code, err.message)
+        return gateway_pb2.ListModelsResponse(
+            models=[gateway_pb2.Model(id=m.id, max_model_len=m.max_model_len) for m in models]
+        )

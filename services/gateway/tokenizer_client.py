@@ -1,0 +1,122 @@
+"""`Backend` over the tokenizer service: every request multiplexed on one Session stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from layerserve.common.v1 import common_pb2
+from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from services.common.errors import LayerserveError, Unavailable, error_from_code
+from services.common.grpc_util import new_channel
+from services.common.mux import MuxClient, MuxProtocol
+from services.gateway.backend import (
+    GenerationDelta,
+    GenerationRequest,
+    ModelCard,
+    TokenLogprob,
+    TopLogprob,
+)
+
+_FINISH = {
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+}
+
+
+def request_to_proto(req: GenerationRequest) -> tokenizer_pb2.GenerateRequest:
+    msg = tokenizer_pb2.GenerateRequest(
+        request_id=req.request_id,
+        model=req.model,
+        sampling=req.sampling.to_proto(),
+        max_tokens=req.max_tokens,
+        stop=req.stop,
+        stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos,
+        skip_special_tokens=req.skip_special_tokens,
+        priority=req.priority,
+        trace=common_pb2.TraceContext(carrier=req.trace_context),
+    )
+    if req.messages is not None:
+        msg.chat.add_generation_prompt = req.add_generation_prompt
+        for m in req.messages:
+            msg.chat.messages.add(role=m.role, content=m.content)
+    elif req.prompt_token_ids is not None:
+        msg.prompt_token_ids.ids.extend(req.prompt_token_ids)
+    else:
+        msg.prompt = req.prompt or ""
+    return msg
+
+
+def delta_from_proto(out: tokenizer_pb2.GenerateOutput, want_logprobs: bool) -> GenerationDelta:
+    logprobs = None
+    if want_logprobs:
+        logprobs = [
+            TokenLogprob(
+                lp.token, lp.token_bytes, lp.logprob,
+                [TopLogprob(t.token, t.token_bytes, t.logprob) for t in lp.top],
+            )
+            for lp in out.logprobs
+        ]
+    return GenerationDelta(
+        text=out.text,
+        token_ids=list(out.token_ids),
+        logprobs=logprobs,
+        finish_reason=_FINISH.get(out.finish_reason),
+        prompt_tokens=out.prompt_tokens,
+        completion_tokens=out.completion_tokens,
+        cached_tokens=out.cached_tokens,
+    )
+
+
+class TokenizerBackend:
+    def __init__(self, address: str) -> None:
+        self._channel = new_channel(address)
+        self._stub = tokenizer_pb2_grpc.TokenizerStub(self._channel)
+        self._mux: MuxClient[tokenizer_pb2.GenerateRequest, tokenizer_pb2.GenerateOutput] = (
+            MuxClient(
+                MuxProtocol(
+                    open_stream=self._stub.Session,
+                    build_request=lambda reqs, aborts: tokenizer_pb2.SessionRequest(
+                        requests=reqs, aborts=aborts
+                    ),
+                    outputs_of=lambda response: response.outputs,
+                    request_id_of=lambda output: output.request_id,
+                    is_final=lambda o: o.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED,
+                    peer="tokenizer service",
+                )
+            )
+        )
+
+    async def close(self) -> None:
+        await self._mux.close()
+        await self._channel.close()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
+        queue: asyncio.Queue = asyncio.Queue()
+        self._mux.submit(request.request_id, request_to_proto(request), queue.put_nowait)
+        want_logprobs = request.sampling.logprobs is not None
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    finished = True
+                    return
+                if isinstance(item, LayerserveError):
+                    finished = True
+                    raise item
+                if item.finish_reason == common_pb2.FINISH_REASON_ERROR:
+                    finished = True
+                    raise error_from_code(item.error.code, item.error.message)
+                yield delta_from_proto(item, want_logprobs)
+        finally:
+            if not finished:
+                self._mux.abort(request.request_id)
+
+    async def list_models(self) -> list[ModelCard]:
+        try:
+            response = await self._stub.ListModels(tokenizer_pb2.ListModelsRequest(), timeout=10)
+        except Exception as err:  # grpc.aio.AioRpcError and friends
+            raise Unavailable(f"the tokenizer service is unavailable: {err}") from None
+        return [ModelCard(id=m.id, max_model_len=m.max_model_len) for m in response.models]

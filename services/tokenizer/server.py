@@ -1,0 +1,221 @@
+"""tokenizer.v1.Tokenizer over gRPC. Text requests in from the gateway, token requests out to
+the scheduler, both multiplexed on one stream per peer; token ids back become text deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from layerserve.common.v1 import common_pb2
+from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from services.common.errors import LayerserveError, NotFound, code_number
+from services.common.grpc_util import call_domain, new_channel
+from services.common.mux import MuxClient, MuxProtocol, Outbox, session_batches
+from services.tokenizer.text_model import TextModel
+from services.tokenizer.text_stream import TextStream
+
+log = logging.getLogger(__name__)
+
+GenerateOutput = tokenizer_pb2.GenerateOutput
+_UNSPECIFIED = common_pb2.FINISH_REASON_UNSPECIFIED
+
+
+def tokenize(model: TextModel, msg) -> list[int]:
+    """Prompt token ids of a GenerateRequest or TokenizeRequest (runs in a worker thread)."""
+    which = msg.WhichOneof("input")
+    if which == "chat":
+        messages = [{"role": m.role, "content": m.content} for m in msg.chat.messages]
+        return model.encode_chat(messages, msg.chat.add_generation_prompt)
+    if which == "prompt_token_ids":
+        ids = list(msg.prompt_token_ids.ids)
+        model.decode(ids)  # raises InvalidArgument for ids outside the vocabulary
+        return ids
+    return model.encode(msg.prompt)
+
+
+def error_output(request_id: str, err: LayerserveError) -> GenerateOutput:
+    return GenerateOutput(
+        request_id=request_id,
+        finish_reason=common_pb2.FINISH_REASON_ERROR,
+        error=common_pb2.Status(code=code_number(err), message=err.message),
+    )
+
+
+class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
+    def __init__(self, models: dict[str, TextModel], scheduler_address: str, threads: int) -> None:
+        self._models = models
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
+        self._channel = new_channel(scheduler_address)
+        self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._mux: MuxClient = MuxClient(
+            MuxProtocol(
+                open_stream=self._scheduler.Session,
+                build_request=lambda submits, aborts: scheduler_pb2.SessionRequest(
+                    submits=submits, aborts=aborts
+                ),
+                outputs_of=lambda response: response.outputs,
+                request_id_of=lambda output: output.request_id,
+                is_final=lambda output: output.finish_reason != _UNSPECIFIED,
+                peer="scheduler",
+            )
+        )
+
+    def _model(self, name: str) -> TextModel:
+        model = self._models.get(name)
+        if model is None:
+            raise NotFound(f"The model `{name}` does not exist.", param="model")
+        return model
+
+    async def Tokenize(self, request, context) -> tokenizer_pb2.TokenizeResponse:
+        async def run() -> tokenizer_pb2.TokenizeResponse:
+            model = self._model(request.model)
+            loop = asyncio.get_running_loop()
+            ids = await loop.run_in_executor(self._pool, tokenize, model, request)
+            return tokenizer_pb2.TokenizeResponse(token_ids=ids)
+
+        return await call_domain(context, run)
+
+    async def ListModels(self, request, context) -> tokenizer_pb2.ListModelsResponse:
+        """Models with a tokenizer here that the scheduler also serves."""
+        try:
+            served = await self._scheduler.ListModels(scheduler_pb2.ListModelsRequest(), timeout=5)
+        except grpc.aio.AioRpcError as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"the scheduler is unavailable: {err.details()}")
+        return tokenizer_pb2.ListModelsResponse(
+            models=[
+                tokenizer_pb2.ModelInfo(id=m.id, max_model_len=m.max_model_len)
+                for m in served.models
+                if m.id in self._models
+            ]
+        )
+
+    async def Session(
+        self, request_iterator, context
+    ) -> AsyncIterator[tokenizer_pb2.SessionResponse]:
+        outbox: Outbox[GenerateOutput] = Outbox()
+        open_ids: set[str] = set()
+        reader = asyncio.ensure_future(self._read(request_iterator, outbox, open_ids))
+        try:
+            async for batch in session_batches(outbox, reader, lambda: bool(open_ids)):
+                yield tokenizer_pb2.SessionResponse(outputs=batch)
+        finally:
+            reader.cancel()
+            for request_id in list(open_ids):
+                self._mux.abort(request_id)
+            open_ids.clear()
+
+    async def _read(self, request_iterator, outbox: Outbox, open_ids: set[str]) -> None:
+        async for msg in request_iterator:
+            for request_id in msg.aborts:
+                open_ids.discard(request_id)
+                self._mux.abort(request_id)
+            for request in msg.requests:
+                if request.request_id in open_ids:
+                    outbox.put(error_output(request.request_id,
+                                            LayerserveError("duplicate request_id")))
+                    continue
+                open_ids.add(request.request_id)
+                asyncio.ensure_future(self._start(request, outbox, open_ids))
+
+    async def _start(self, request, outbox: Outbox, open_ids: set[str]) -> None:
+        """Tokenizes off the event loop, then hands the request to the scheduler."""
+        request_id = request.request_id
+        try:
+            model = self._model(request.model)
+            loop = asyncio.get_running_loop()
+            prompt_ids = await loop.run_in_executor(self._pool, tokenize, model, request)
+        except LayerserveError as err:
+            open_ids.discard(request_id)
+            outbox.put(error_output(request_id, err))
+            return
+        except Exception:
+            log.exception("tokenizing request %s failed", request_id)
+            open_ids.discard(request_id)
+            outbox.put(error_output(request_id, LayerserveError("tokenization failed")))
+            return
+        if request_id not in open_ids:
+            return  # aborted while tokenizing
+        stream = TextStream.create(model, prompt_ids, list(request.stop),
+                                   request.skip_special_tokens)
+        submit = scheduler_pb2.Submit(
+            request_id=request_id,
+            model=request.model,
+            prompt_token_ids=prompt_ids,
+            sampling=request.sampling,
+            max_tokens=request.max_tokens,
+            stop_token_ids=request.stop_token_ids,
+            ignore_eos=request.ignore_eos,
+            priority=request.priority,
+            trace=request.trace,
+        )
+        sink = _Sink(request_id, stream, outbox, open_ids, self._mux)
+        self._mux.submit(request_id, submit, sink)
+
+
+class _Sink:
+    """Receives one request's outputs from the scheduler (inline, on the reading task)."""
+
+    __slots__ = ("request_id", "stream", "outbox", "open_ids", "mux")
+
+    def __init__(self, request_id: str, stream: TextStream, outbox: Outbox,
+                 open_ids: set[str], mux: MuxClient) -> None:
+        self.request_id = request_id
+        self.stream = stream
+        self.outbox = outbox
+        self.open_ids = open_ids
+        self.mux = mux
+
+    def __call__(self, output) -> None:
+        if output is None or self.stream.finished:
+            return
+        if isinstance(output, LayerserveError):  # the scheduler stream broke
+            self._end(error_output(self.request_id, output))
+            return
+        if output.finish_reason == common_pb2.FINISH_REASON_ERROR:
+            self._end(GenerateOutput(request_id=self.request_id, finish_reason=output.finish_reason,
+                                     error=output.error))
+            return
+        last = output.finish_reason != _UNSPECIFIED
+        delta = self.stream.add(list(output.token_ids), last)
+        finish = output.finish_reason
+        if delta.stopped:
+            finish = common_pb2.FINISH_REASON_STOP
+            if not last:
+                self.mux.abort(self.request_id)  # free its KV now, not at max_tokens
+        out = GenerateOutput(
+            request_id=self.request_id,
+            text=delta.text,
+            token_ids=output.token_ids,
+            finish_reason=finish,
+            prompt_tokens=self.stream.prompt_tokens,
+            completion_tokens=self.stream.completion_tokens,
+            cached_tokens=output.cached_tokens,
+        )
+        for lp in output.logprobs:
+            out.logprobs.append(self._text_logprob(lp))
+        self.outbox.put(out)
+        if self.stream.finished:
+            self.open_ids.discard(self.request_id)
+
+    def _text_logprob(self, lp: common_pb2.TokenLogprob) -> tokenizer_pb2.TextLogprob:
+        model = self.stream.model
+        msg = tokenizer_pb2.TextLogprob(
+            token=model.token_text(lp.token_id),
+            token_bytes=model.token_bytes(lp.token_id),
+            logprob=lp.logprob,
+        )
+        for top in lp.top:
+            msg.top.add(token=model.token_text(top.token_id),
+                        token_bytes=model.token_bytes(top.token_id), logprob=top.logprob)
+        return msg
+
+    def _end(self, out: GenerateOutput) -> None:
+        self.stream.finished = True
+        self.open_ids.discard(self.request_id)
+        self.outbox.put(out)
