@@ -33,7 +33,7 @@ def tokenize(model: TextModel, msg) -> list[int]:
         return model.encode_chat(messages, msg.chat.add_generation_prompt)
     if which == "prompt_token_ids":
         ids = list(msg.prompt_token_ids.ids)
-        model.decode(ids)  # raises InvalidArgument for ids outside the vocabulary
+        model.validate_ids(ids)
         return ids
     return model.encode(msg.prompt)
 
