@@ -50,7 +50,9 @@ def admit(
             f"your prompt has {num_prompt} tokens. Shorten the prompt.",
             param="prompt",
         )
-    resolved = max_tokens or limits.max_model_len - num_prompt
+    kv_capacity = limits.num_blocks * limits.block_size
+    # Unset max_tokens means "as many as fit": in the context and in the worker's KV cache.
+    resolved = max_tokens or min(limits.max_model_len, kv_capacity) - num_prompt
     if num_prompt + resolved > limits.max_model_len:
         raise InvalidArgument(
             f"This model's maximum context length is {limits.max_model_len} tokens. However, you "
@@ -58,7 +60,7 @@ def admit(
             "for the completion). Reduce the prompt or max_tokens.",
             param="max_tokens",
         )
-    if -(-(num_prompt + resolved) // limits.block_size) > limits.num_blocks:
+    if num_prompt + resolved > kv_capacity:
         raise InvalidArgument(
             f"{num_prompt + resolved} tokens exceed this worker's KV cache "
             f"({limits.num_blocks * limits.block_size} tokens). Reduce the prompt or max_tokens.",

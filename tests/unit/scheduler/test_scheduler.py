@@ -1,0 +1,134 @@
+"""The scheduler's decisions, step by step, with exact block ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.errors import InvalidArgument
+from services.common.sampling import SamplingOptions
+from services.scheduler.admission import ModelLimits, admit
+from services.scheduler.block_pool import BlockPool
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.request import FinishReason, Request, Status
+from services.scheduler.scheduler import Sample, Scheduler, SchedulerLimits
+
+EOS = 2
+
+
+def make_scheduler(num_blocks=8, block_size=4, budget=16, max_seqs=8) -> Scheduler:
+    kv = KVCacheManager(BlockPool(num_blocks), block_size)
+    return Scheduler(SchedulerLimits(budget, max_seqs), kv, 64, frozenset({EOS}))
+
+
+def make_request(rid: str, prompt_len: int, max_tokens: int = 4, priority: int = 0) -> Request:
+    return Request(rid, list(range(10, 10 + prompt_len)), max_tokens, SamplingOptions(),
+                   frozenset({EOS}), priority=priority)
+
+
+def sample_all(sched: Scheduler, step, token: int = 7) -> list:
+    """Samples `token` for every scheduled request that caught up with its tokens."""
+    samples = [Sample(r.request_id, token) for r, _ in step.new if r.num_tokens_to_compute == 0]
+    samples += [Sample(r.request_id, token) for r, _, _ in step.running
+                if r.num_tokens_to_compute == 0]
+    return sched.update(samples)
+
+
+def test_prefill_then_decode_allocates_blocks_as_tokens_grow():
+    sched = make_scheduler()
+    sched.add(make_request("a", prompt_len=6, max_tokens=4))
+    step = sched.schedule()
+    (req, n), = step.new
+    assert n == 6 and req.block_ids == [0, 1]
+    sample_all(sched, step)
+    for _ in range(2):  # computing tokens 7 and 8 fits in the two blocks
+        step = sched.schedule()
+        assert [(r.request_id, n, blocks) for r, n, blocks in step.running] == [("a", 1, [])]
+        sample_all(sched, step)
+    step = sched.schedule()  # the 9th token needs a third block
+    assert step.running[0][2] == [2]
+    updated = sample_all(sched, step)
+    assert updated[0][0].finish_reason is FinishReason.LENGTH
+    assert sched.kv.pool.num_free == 8
+    assert sched.schedule().finished_ids == ["a"]  # the worker is told to forget it
+
+
+def test_long_prompt_is_chunked_under_the_token_budget_while_decodes_continue():
+    sched = make_scheduler(num_blocks=16, budget=8)
+    sched.add(make_request("short", prompt_len=3, max_tokens=10))
+    sample_all(sched, sched.schedule())
+    sched.add(make_request("long", prompt_len=20))
+    step = sched.schedule()
+    assert [(r.request_id, n) for r, n, _ in step.running] == [("short", 1)]
+    assert [(r.request_id, n) for r, n in step.new] == [("long", 7)]
+    updated = sample_all(sched, step)
+    assert [r.request_id for r, _ in updated] == ["short"]  # a partial prefill samples nothing
+    step = sched.schedule()
+    assert [(r.request_id, n) for r, n, _ in step.running] == [("short", 1), ("long", 7)]
+
+
+def test_eos_stops_unless_ignored():
+    sched = make_scheduler()
+    sched.add(make_request("a", prompt_len=2, max_tokens=10))
+    (req, _), = sched.update([Sample("a", EOS)]) or [(None, None)]  # not running yet: dropped
+    assert req is None
+    step = sched.schedule()
+    (req, _), = sample_all(sched, step, token=EOS)
+    assert req.finish_reason is FinishReason.STOP
+
+
+def test_out_of_blocks_preempts_the_most_recent_request_which_resumes_with_its_tokens():
+    sched = make_scheduler(num_blocks=4, block_size=4, budget=64)
+    sched.add(make_request("old", prompt_len=8, max_tokens=20))
+    sched.add(make_request("new", prompt_len=8, max_tokens=20))
+    step = sched.schedule()
+    assert sched.kv.pool.num_free == 0
+    sample_all(sched, step)  # both at 9 tokens: each needs a third block
+    step = sched.schedule()
+    assert step.finished_ids == ["new"]
+    assert [r.request_id for r, _, _ in step.running] == ["old"]
+    new = sched.requests["new"]
+    assert new.status is Status.WAITING and new.block_ids == [] and new.num_computed_tokens == 0
+    assert new.output_token_ids == [7] and sched.num_preemptions == 1
+    sched.abort("old")
+    step = sched.schedule()
+    (resumed, n), = step.new
+    assert resumed is new and n == 9  # prompt and its generated token, recomputed
+
+
+def test_priority_orders_the_queue_and_chooses_the_victim():
+    sched = make_scheduler(num_blocks=4, block_size=4, budget=4, max_seqs=1)
+    sched.add(make_request("low", prompt_len=2))
+    sched.add(make_request("high", prompt_len=2, priority=5))
+    step = sched.schedule()
+    assert [r.request_id for r, _ in step.new] == ["high"]
+
+
+def test_abort_frees_blocks_and_tells_the_worker():
+    sched = make_scheduler()
+    sched.add(make_request("a", prompt_len=9))
+    sched.schedule()
+    assert sched.kv.pool.num_free == 5
+    sched.abort("a")
+    assert sched.kv.pool.num_free == 8
+    assert sched.schedule().finished_ids == ["a"]
+    assert not sched.has_work()
+
+
+def test_admission_rejects_what_can_never_run():
+    limits = ModelLimits(max_model_len=32, vocab_size=100, block_size=4, num_blocks=4,
+                         eos_token_ids=frozenset({EOS}))
+
+    def build(prompt, max_tokens=0, sampling=None):
+        return admit(request_id="r", prompt_token_ids=prompt, max_tokens=max_tokens,
+                     sampling=sampling or SamplingOptions(), stop_token_ids=[], ignore_eos=False,
+                     priority=0, trace_context={}, limits=limits)
+
+    with pytest.raises(InvalidArgument, match="maximum context length"):
+        build(list(range(40)))
+    with pytest.raises(InvalidArgument, match="outside the vocabulary"):
+        build([5, 500])
+    with pytest.raises(InvalidArgument, match="KV cache"):
+        build([5] * 10, max_tokens=10)  # 20 tokens > 4 blocks of 4
+    with pytest.raises(InvalidArgument, match="temperature"):
+        build([5], max_tokens=1, sampling=SamplingOptions(temperature=9))
+    assert build([5] * 4, max_tokens=0).max_tokens == 12  # what fits in the KV cache
