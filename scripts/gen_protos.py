@@ -17,7 +17,8 @@ def generate(out_dir: Path) -> None:
             f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}", *protos]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
-    for package_dir in [p for p in out_dir.rglob("*") if p.is_dir()] + [out_dir / "layerserve"]:
+    package_root = out_dir / "layerserve"
+    for package_dir in [package_root, *(p for p in package_root.rglob("*") if p.is_dir())]:
         (package_dir / "__init__.py").touch()
 
 
