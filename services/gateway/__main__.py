@@ -25,7 +25,10 @@ async def main() -> None:
         log.warning("no API keys configured (LAYERSERVE_API_KEYS or --api-keys-file): "
                     "accepting every request without authentication")
     backend = TokenizerBackend(config.tokenizer)
-    runner = web.AppRunner(create_app(backend, api_keys=config.api_keys), access_log=None)
+    # handler_cancellation: a client that hangs up cancels its handler, which aborts the
+    # request in the backend (non-streaming requests too).
+    runner = web.AppRunner(create_app(backend, api_keys=config.api_keys), access_log=None,
+                           handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.http_port)
     await site.start()

@@ -25,6 +25,7 @@ def is_authorized(keys: frozenset[str], authorization: str | None) -> bool:
         return True
     if not authorization or not authorization.startswith("Bearer "):
         return False
-    presented = authorization[len("Bearer ") :].strip()
+    presented = authorization[len("Bearer ") :].strip().encode()
     # Compare against every key in constant time so timing reveals nothing about the keys.
-    return any(hmac.compare_digest(presented, key) for key in keys)
+    # As bytes: compare_digest refuses non-ASCII str.
+    return any(hmac.compare_digest(presented, key.encode()) for key in keys)

@@ -56,13 +56,15 @@ class ChoiceStreams:
         return items
 
     async def first_batch(self) -> list[Item]:
-        """Items up to the point where every choice has produced something or failed: until
-        then nothing is committed to the client, so an error can still be an HTTP status."""
+        """Items up to the point where every choice has produced something, or one has failed:
+        until then nothing is committed to the client, so an error can still be an HTTP status."""
         items: list[Item] = []
         waiting = set(range(len(self._tasks)))
         while waiting:
             batch = await self.next_batch()
             items.extend(batch)
+            if any(isinstance(item, BaseException) for _, item in batch):
+                break  # the request fails whatever the other choices do
             waiting.difference_update(index for index, _ in batch)
         return items
 

@@ -17,9 +17,7 @@ MAX_STOP_SEQUENCES = 4
 
 
 def _type_error(param: str, expected: str, value: Any) -> InvalidArgument:
-    return InvalidArgument(
-        f"{param} must be {expected}, got {_json_type(value)}", param=param
-    )
+    return InvalidArgument(f"{param} must be {expected}, got {_json_type(value)}", param=param)
 
 
 def _json_type(value: Any) -> str:

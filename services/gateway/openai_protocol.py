@@ -173,7 +173,7 @@ def _parsed(
     reject_if_set(body, "best_of", best_of is not None and best_of != n, "best_of other than n")
     stream = get_bool(body, "stream", False)
     # stream_options means nothing without stream; OpenAI refuses it, vLLM too, we ignore it.
-    include_usage = stream and _include_usage(body)
+    include_usage = _include_usage(body) and stream
     requests = [_choice(template, response_id, i) for i in range(n)]
     return ParsedRequest(kind, response_id, template.model, stream, include_usage, requests)
 

@@ -1,0 +1,109 @@
+"""Runs a parsed OpenAI request against the Backend and answers it: one JSON object, or an SSE
+stream of chunks.
+
+Streaming commits to 200 only once every choice has produced its first delta: the backend
+reports most failures (unknown model, prompt too long, overload) on the first `__anext__`, and
+those deserve their HTTP status rather than an error event inside a 200. After that, an error
+becomes an SSE `error` event and the stream ends.
+
+Whatever ends the handler (success, error, the client resetting the connection, the handler
+task being cancelled) closes every choice's backend iterator: `ChoiceStreams.close()` in a
+`finally`, so the backend aborts at once instead of generating for nobody.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from services.common.errors import LayerserveError
+from services.gateway.backend import Backend, GenerationDelta
+from services.gateway.choice_streams import ChoiceStreams, Item, coalesce, merge_deltas
+from services.gateway.http_json import SSE_DONE, error_payload, json_response, sse_event
+from services.gateway.openai_protocol import ParsedRequest
+from services.gateway.openai_responses import ResponseBuilder
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    # Reverse proxies (nginx) buffer responses by default, which would hold tokens back.
+    "X-Accel-Buffering": "no",
+}
+
+
+async def respond_full(backend: Backend, parsed: ParsedRequest) -> web.Response:
+    """Waits for every choice to finish; the first error fails the whole request."""
+    streams = ChoiceStreams(backend, parsed.requests)
+    outputs: list[list[GenerationDelta]] = [[] for _ in parsed.requests]
+    try:
+        while not streams.finished:
+            for index, item in await streams.next_batch():
+                if isinstance(item, BaseException):
+                    raise item
+                outputs[index].append(item)
+    finally:
+        streams.close()
+    results = [merge_deltas(deltas) for deltas in outputs]
+    return json_response(ResponseBuilder(parsed).response(results))
+
+
+async def respond_stream(
+    request: web.Request, request_id: str, backend: Backend, parsed: ParsedRequest
+) -> web.StreamResponse:
+    streams = ChoiceStreams(backend, parsed.requests)
+    try:
+        first = await streams.first_batch()
+        _raise_any_error(first)
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        try:
+            await response.prepare(request)
+            await _write_events(response, streams, ResponseBuilder(parsed), first, request_id)
+        except ConnectionError:  # aiohttp's ClientConnectionResetError is one
+            log.info("request %s: client went away mid-stream; aborting", request_id)
+        return response
+    finally:
+        streams.close()
+
+
+def _raise_any_error(items: list[Item]) -> None:
+    for _, item in items:
+        if isinstance(item, BaseException):
+            raise item
+
+
+async def _write_events(
+    response: web.StreamResponse,
+    streams: ChoiceStreams,
+    builder: ResponseBuilder,
+    items: list[Item],
+    request_id: str,
+) -> None:
+    """Writes what is queued, then waits for more. Everything queued while the previous write
+    was in flight goes out merged, one chunk per choice: a slow reader costs fewer, larger
+    chunks instead of a growing backlog of tiny ones."""
+    while True:
+        merged, error = coalesce(items)
+        events = [sse_event(chunk) for i, d in merged.items() if (chunk := builder.chunk(i, d))]
+        if error is not None:
+            events.append(sse_event(_stream_error_payload(error, request_id)))
+        elif streams.finished:
+            if builder.include_usage:
+                events.append(sse_event(builder.usage_chunk()))
+            events.append(SSE_DONE)
+        if events:
+            await response.write(b"".join(events))
+        if error is not None or streams.finished:
+            await response.write_eof()
+            return
+        items = await streams.next_batch()
+
+
+def _stream_error_payload(error: BaseException, request_id: str) -> dict:
+    if isinstance(error, LayerserveError):
+        log.warning("request %s: failed mid-stream: %s", request_id, error.message)
+    else:
+        log.error("request %s: failed mid-stream", request_id, exc_info=error)
+    return error_payload(error)
