@@ -20,7 +20,12 @@ log = logging.getLogger(__name__)
 _FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
 
 
-def request_from_proto(msg: gateway_pb2.GenerateRequest, request_id: str) -> GenerationRequest:
+TRACE_KEYS = ("traceparent", "tracestate")
+
+
+def request_from_proto(
+    msg: gateway_pb2.GenerateRequest, request_id: str, trace_context: dict[str, str]
+) -> GenerationRequest:
     if not msg.model:
         raise InvalidArgument("model is required", param="model")
     if msg.HasField("max_tokens") and msg.max_tokens < 1:
@@ -35,6 +40,7 @@ def request_from_proto(msg: gateway_pb2.GenerateRequest, request_id: str) -> Gen
         sampling=sampling,
         stop=list(msg.stop),
         ignore_eos=msg.ignore_eos,
+        trace_context=trace_context,
     )
     which = msg.WhichOneof("input")
     if which == "prompt":
@@ -51,17 +57,20 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._backend = backend
         self._api_keys = api_keys
 
-    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+    async def _authorize(self, context: grpc.aio.ServicerContext) -> dict[str, str]:
+        """Aborts with UNAUTHENTICATED unless the key is good; returns the call's metadata."""
         metadata = dict(context.invocation_metadata() or ())
         if not is_authorized(self._api_keys, metadata.get("authorization")):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "invalid or missing API key (metadata authorization: Bearer KEY)")
+        return metadata
 
     async def Generate(self, request, context) -> AsyncIterator[gateway_pb2.GenerateResponse]:
-        await self._authorize(context)
+        metadata = await self._authorize(context)
         request_id = f"gen-{uuid.uuid4().hex}"
+        trace = {k: metadata[k] for k in TRACE_KEYS if k in metadata}
         try:
-            req = request_from_proto(request, request_id)
+            req = request_from_proto(request, request_id, trace)
             deltas = self._backend.generate(req)
             try:
                 async for delta in deltas:

@@ -1,0 +1,53 @@
+"""L2: the engine in one process: the scheduler's Scheduler driving a ModelRunner directly,
+no RPC. The same decisions the services make, minus the hops."""
+
+from __future__ import annotations
+
+import time
+
+from services.common.sampling import SamplingOptions
+from services.scheduler.block_pool import BlockPool
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.request import Request
+from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
+from services.worker.model_runner import ModelRunner
+from services.worker.plan import NewSequence, RunningSequence, StepPlan
+
+
+def to_plan(step: ScheduledStep) -> StepPlan:
+    return StepPlan(
+        new=[
+            NewSequence(r.request_id, r.all_token_ids, r.num_prompt_tokens,
+                        r.num_computed_tokens - n, n, list(r.block_ids), r.sampling)
+            for r, n in step.new
+        ],
+        running=[RunningSequence(r.request_id, n, blocks) for r, n, blocks in step.running],
+        finished_ids=step.finished_ids,
+    )
+
+
+class OfflineEngine:
+    def __init__(self, runner: ModelRunner, limits: SchedulerLimits) -> None:
+        self.runner = runner
+        kv = KVCacheManager(BlockPool(runner.num_blocks), runner.block_size)
+        self.scheduler = Scheduler(limits, kv, runner.max_model_len,
+                                   frozenset(runner.eos_token_ids))
+
+    def generate(self, prompts: list[list[int]], output_lens: list[int]) -> dict[str, list[int]]:
+        """Greedy, EOS ignored: exactly output_lens[i] tokens for prompt i. Returns the tokens."""
+        requests = {}
+        for i, (prompt, out_len) in enumerate(zip(prompts, output_lens, strict=True)):
+            request = Request(f"r{i}", list(prompt), out_len, SamplingOptions(), frozenset())
+            requests[request.request_id] = request
+            self.scheduler.add(request)
+        while self.scheduler.has_work():
+            step = self.scheduler.schedule()
+            sampled = self.runner.execute(to_plan(step))
+            self.scheduler.update([Sample(s.request_id, s.token_id) for s in sampled])
+        return {rid: r.output_token_ids for rid, r in requests.items()}
+
+
+def timed(fn, *args):
+    started = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - started
