@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: run test install install-test protos lint bench clean
+.PHONY: run test install install-test protos format bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,18 +30,21 @@ run: install
 	$(PY) -m services.launcher $(ARGS)
 
 test: install-test
+	$(PY) -m ruff check services tests benchmarks scripts
+	$(PY) -m ruff format --check services tests benchmarks scripts
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 protos: install
 	$(PY) scripts/gen_protos.py
 
-lint: install-test
-	$(PY) -m ruff check services tests scripts
-	$(PY) -m ruff format --check services tests scripts
+format: install-test
+	$(PY) -m ruff format services tests benchmarks scripts
+	$(PY) -m ruff check --fix services tests benchmarks scripts
 
+# make bench ARGS="l3"  (or l2, plumbing); see docs/benchmarks.md
 bench: install
 	$(PIP) install -e '.[bench]'
-	$(PY) -m services.bench.l2 $(ARGS)
+	$(PY) -m benchmarks.run $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -13,11 +13,18 @@ def hf_model(loaded: LoadedModel, dtype: torch.dtype):
 
     c = loaded.config
     config = LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
-        rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
-        tie_word_embeddings=c.tie_word_embeddings, torch_dtype=dtype,
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        rope_theta=c.rope_theta,
+        rms_norm_eps=c.rms_norm_eps,
+        max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=c.tie_word_embeddings,
+        torch_dtype=dtype,
     )
     model = LlamaForCausalLM(config).to(dtype).eval()
     model.load_state_dict(hf_state_dict(loaded), strict=False)
@@ -29,28 +36,36 @@ def hf_model(loaded: LoadedModel, dtype: torch.dtype):
 def hf_state_dict(loaded: LoadedModel) -> dict[str, torch.Tensor]:
     """Our fused qkv / gate_up weights split back into Hugging Face's names."""
     c, ours = loaded.config, loaded.model
-    state = {"model.embed_tokens.weight": ours.embed_tokens.data,
-             "model.norm.weight": ours.norm.weight.data}
+    state = {
+        "model.embed_tokens.weight": ours.embed_tokens.data,
+        "model.norm.weight": ours.norm.weight.data,
+    }
     if ours.lm_head is not None:
         state["lm_head.weight"] = ours.lm_head.data
     for i, layer in enumerate(ours.layers):
         p = f"model.layers.{i}."
         q, k, v = layer.self_attn.qkv_proj.data.split([c.q_size, c.kv_size, c.kv_size])
         gate, up = layer.mlp.gate_up_proj.data.split([c.intermediate_size] * 2)
-        state.update({
-            p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
-            p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": layer.self_attn.o_proj.data,
-            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": layer.mlp.down_proj.data,
-            p + "input_layernorm.weight": layer.input_layernorm.weight.data,
-            p + "post_attention_layernorm.weight": layer.post_attention_layernorm.weight.data,
-        })
+        state.update(
+            {
+                p + "self_attn.q_proj.weight": q,
+                p + "self_attn.k_proj.weight": k,
+                p + "self_attn.v_proj.weight": v,
+                p + "self_attn.o_proj.weight": layer.self_attn.o_proj.data,
+                p + "mlp.gate_proj.weight": gate,
+                p + "mlp.up_proj.weight": up,
+                p + "mlp.down_proj.weight": layer.mlp.down_proj.data,
+                p + "input_layernorm.weight": layer.input_layernorm.weight.data,
+                p + "post_attention_layernorm.weight": layer.post_attention_layernorm.weight.data,
+            }
+        )
     return state
 
 
 @torch.inference_mode()
-def hf_generate(model, prompts: list[list[int]], output_lens: list[int], batch_size: int,
-                pad_id: int = 0) -> list[list[int]]:
+def hf_generate(
+    model, prompts: list[list[int]], output_lens: list[int], batch_size: int, pad_id: int = 0
+) -> list[list[int]]:
     """Greedy, EOS ignored, static batches of `batch_size` (left-padded). Each batch runs to its
     longest output; only the tokens each request asked for are kept (and counted)."""
     results: list[list[int]] = [[] for _ in prompts]
@@ -60,12 +75,18 @@ def hf_generate(model, prompts: list[list[int]], output_lens: list[int], batch_s
         ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
         for row, i in enumerate(idx):
-            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[row, width - len(prompts[i]):] = 1
+            ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]) :] = 1
         new = max(output_lens[i] for i in idx)
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,
-                             min_new_tokens=new, do_sample=False, pad_token_id=pad_id,
-                             eos_token_id=None)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=pad_id,
+            eos_token_id=None,
+        )
         for row, i in enumerate(idx):
-            results[i] = out[row, width:width + output_lens[i]].tolist()
+            results[i] = out[row, width : width + output_lens[i]].tolist()
     return results

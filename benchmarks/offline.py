@@ -17,8 +17,15 @@ from services.worker.plan import NewSequence, RunningSequence, StepPlan
 def to_plan(step: ScheduledStep) -> StepPlan:
     return StepPlan(
         new=[
-            NewSequence(r.request_id, r.all_token_ids, r.num_prompt_tokens,
-                        r.num_computed_tokens - n, n, list(r.block_ids), r.sampling)
+            NewSequence(
+                r.request_id,
+                r.all_token_ids,
+                r.num_prompt_tokens,
+                r.num_computed_tokens - n,
+                n,
+                list(r.block_ids),
+                r.sampling,
+            )
             for r, n in step.new
         ],
         running=[RunningSequence(r.request_id, n, blocks) for r, n, blocks in step.running],
@@ -30,8 +37,9 @@ class OfflineEngine:
     def __init__(self, runner: ModelRunner, limits: SchedulerLimits) -> None:
         self.runner = runner
         kv = KVCacheManager(BlockPool(runner.num_blocks), runner.block_size)
-        self.scheduler = Scheduler(limits, kv, runner.max_model_len,
-                                   frozenset(runner.eos_token_ids))
+        self.scheduler = Scheduler(
+            limits, kv, runner.max_model_len, frozenset(runner.eos_token_ids)
+        )
 
     def generate(self, prompts: list[list[int]], output_lens: list[int]) -> dict[str, list[int]]:
         """Greedy, EOS ignored: exactly output_lens[i] tokens for prompt i. Returns the tokens."""

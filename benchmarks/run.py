@@ -1,8 +1,8 @@
 """Benchmarks, each side by side with its baseline in the same run (see docs/benchmarks.md).
 
-    python -m benchmarks.run l2          # engine in one process vs transformers generate()
-    python -m benchmarks.run l3          # L2, then the same workload through the gateway
-    python -m benchmarks.run plumbing    # null worker: tokens/s the hops carry to 128 clients
+python -m benchmarks.run l2          # engine in one process vs transformers generate()
+python -m benchmarks.run l3          # L2, then the same workload through the gateway
+python -m benchmarks.run plumbing    # null worker: tokens/s the hops carry to 128 clients
 """
 
 from __future__ import annotations
@@ -36,9 +36,15 @@ MODEL = "smollm2-135m-instruct"
 def machine() -> dict:
     import transformers
 
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(),
-            "cpus": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor()}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+    }
 
 
 def ceilings() -> dict:
@@ -48,7 +54,10 @@ def ceilings() -> dict:
     best_copy = min(_time(lambda: y.copy_(x)) for _ in range(10))
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     best_mm = min(_time(lambda: a @ b) for _ in range(10))
-    return {"copy_GB_s": 2 * x.numel() * 4 / best_copy / 1e9, "matmul_GFLOP_s": 2 * 1024**3 / best_mm / 1e9}
+    return {
+        "copy_GB_s": 2 * x.numel() * 4 / best_copy / 1e9,
+        "matmul_GFLOP_s": 2 * 1024**3 / best_mm / 1e9,
+    }
 
 
 def _time(fn) -> float:
@@ -59,8 +68,9 @@ def _time(fn) -> float:
 
 def make_engine(loaded: LoadedModel, num_blocks: int, limits: SchedulerLimits) -> OfflineEngine:
     cache = PagedKVCache(loaded.config, num_blocks, 16, torch.float32, torch.device("cpu"))
-    runner = ModelRunner(loaded, cache, max_model_len=loaded.config.max_position_embeddings,
-                         model_name=MODEL)
+    runner = ModelRunner(
+        loaded, cache, max_model_len=loaded.config.max_position_embeddings, model_name=MODEL
+    )
     return OfflineEngine(runner, limits)
 
 
@@ -95,22 +105,38 @@ def l2(args, items: list[Item]) -> dict:
     print("  transformers generate():", flush=True)
     hf_generate(hf, prompts[:2], [4, 4], batch_size=2)
     hf_s, _ = median_run(lambda: hf_generate(hf, prompts, outs, args.hf_batch_size), args.repeats)
-    return {"gate_identical": f"{matches}/{len(gate)}", "engine_s": ours_s, "hf_s": hf_s,
-            "engine_tok_s": total_out / ours_s, "hf_tok_s": total_out / hf_s,
-            "speedup": hf_s / ours_s}
+    return {
+        "gate_identical": f"{matches}/{len(gate)}",
+        "engine_s": ours_s,
+        "hf_s": hf_s,
+        "engine_tok_s": total_out / ours_s,
+        "hf_tok_s": total_out / hf_s,
+        "speedup": hf_s / ours_s,
+    }
 
 
 def start_stack(args, null: bool, log_dir: Path) -> Stack:
     ports = range(args.port_base, args.port_base + 5)
     http, grpc_port, tok, sched, worker = ports
-    stack = Stack(StackConfig(
-        http_port=http, grpc_port=grpc_port, tokenizer_port=tok, scheduler_port=sched,
-        worker_ports=(worker,), model_name=MODEL, null_worker=null,
-        scheduler_args=["--max-num-batched-tokens", str(args.max_num_batched_tokens),
-                        "--max-num-seqs", str(256 if null else args.max_num_seqs)],
-        worker_args=["--num-blocks", str(args.num_blocks if not null else 65536)],
-        log_dir=log_dir,
-    ))
+    stack = Stack(
+        StackConfig(
+            http_port=http,
+            grpc_port=grpc_port,
+            tokenizer_port=tok,
+            scheduler_port=sched,
+            worker_ports=(worker,),
+            model_name=MODEL,
+            null_worker=null,
+            scheduler_args=[
+                "--max-num-batched-tokens",
+                str(args.max_num_batched_tokens),
+                "--max-num-seqs",
+                str(256 if null else args.max_num_seqs),
+            ],
+            worker_args=["--num-blocks", str(args.num_blocks if not null else 65536)],
+            log_dir=log_dir,
+        )
+    )
     stack.start()
     return stack
 

@@ -24,9 +24,15 @@ class RequestTiming:
 
 
 async def _one(session: aiohttp.ClientSession, url: str, model: str, item: Item) -> RequestTiming:
-    body = {"model": model, "prompt": item.prompt_ids, "max_tokens": item.output_len,
-            "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": item.prompt_ids,
+        "max_tokens": item.output_len,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     timing = RequestTiming(sent=time.perf_counter())
     async with session.post(f"{url}/v1/completions", json=body) as response:
         if response.status != 200:
@@ -47,8 +53,9 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, item: Item)
     return timing
 
 
-async def run_through_gateway(url: str, model: str, items: list[Item],
-                              concurrency: int | None = None) -> dict:
+async def run_through_gateway(
+    url: str, model: str, items: list[Item], concurrency: int | None = None
+) -> dict:
     """Sends every item (at most `concurrency` in flight) and reports throughput and latency."""
     limit = asyncio.Semaphore(concurrency or len(items))
     connector = aiohttp.TCPConnector(limit=0)
@@ -69,13 +76,16 @@ def _ms(values: list[float]) -> dict:
     if not values:
         return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
     ordered = sorted(values)
-    return {"mean": 1000 * statistics.fmean(ordered), "p50": 1000 * ordered[len(ordered) // 2],
-            "p99": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]}
+    return {
+        "mean": 1000 * statistics.fmean(ordered),
+        "p50": 1000 * ordered[len(ordered) // 2],
+        "p99": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+    }
 
 
 def summarize(timings: list[RequestTiming], wall: float) -> dict:
     tokens = sum(t.completion_tokens for t in timings)
-    gaps = [b - a for t in timings for a, b in zip(t.chunk_times, t.chunk_times[1:])]
+    gaps = [b - a for t in timings for a, b in zip(t.chunk_times, t.chunk_times[1:], strict=False)]
     tpot = [(t.done - t.first_token) / max(1, t.completion_tokens - 1) for t in timings]
     return {
         "requests": len(timings),

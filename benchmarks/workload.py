@@ -13,7 +13,10 @@ class Item:
 
 
 def uniform_workload(
-    count: int, input_range: tuple[int, int], output_range: tuple[int, int], seed: int = 0,
+    count: int,
+    input_range: tuple[int, int],
+    output_range: tuple[int, int],
+    seed: int = 0,
     vocab: tuple[int, int] = (1000, 40000),
 ) -> list[Item]:
     """`count` prompts of random token ids (lengths uniform in input_range) and output lengths

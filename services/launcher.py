@@ -39,6 +39,7 @@ class StackConfig:
     worker_args: list[str] = field(default_factory=list)
     scheduler_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None  # None: children log to this process's stderr
+    env: dict[str, str] = field(default_factory=dict)  # added to the children's environment
     ready_timeout: float = 300.0
 
 
@@ -58,15 +59,36 @@ class Stack:
             for i, port in enumerate(c.worker_ports):
                 self._spawn(f"worker{i}", "services.worker", self._worker_args(port))
             workers = [arg for p in c.worker_ports for arg in ("--worker", f"127.0.0.1:{p}")]
-            self._spawn("scheduler", "services.scheduler",
-                        ["--port", str(c.scheduler_port), *workers, *c.scheduler_args])
+            self._spawn(
+                "scheduler",
+                "services.scheduler",
+                ["--port", str(c.scheduler_port), *workers, *c.scheduler_args],
+            )
             model = c.model_name + (f"={c.model_path}" if c.model_path else "")
-            self._spawn("tokenizer", "services.tokenizer",
-                        ["--port", str(c.tokenizer_port), "--model", model,
-                         "--scheduler", f"127.0.0.1:{c.scheduler_port}"])
-            self._spawn("gateway", "services.gateway",
-                        ["--http-port", str(c.http_port), "--grpc-port", str(c.grpc_port),
-                         "--tokenizer", f"127.0.0.1:{c.tokenizer_port}"])
+            self._spawn(
+                "tokenizer",
+                "services.tokenizer",
+                [
+                    "--port",
+                    str(c.tokenizer_port),
+                    "--model",
+                    model,
+                    "--scheduler",
+                    f"127.0.0.1:{c.scheduler_port}",
+                ],
+            )
+            self._spawn(
+                "gateway",
+                "services.gateway",
+                [
+                    "--http-port",
+                    str(c.http_port),
+                    "--grpc-port",
+                    str(c.grpc_port),
+                    "--tokenizer",
+                    f"127.0.0.1:{c.tokenizer_port}",
+                ],
+            )
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -88,8 +110,11 @@ class Stack:
             out = open(self.config.log_dir / f"{name}.log", "w")  # noqa: SIM115 (closed in stop)
             self._logs.append(out)
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT if out
-            else None, start_new_session=True,
+            [sys.executable, "-m", module, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            env={**os.environ, **self.config.env},
+            start_new_session=True,
         )
 
     def _wait_ready(self) -> None:
@@ -165,36 +190,55 @@ def _http_ok(url: str) -> bool:
 
 
 def parse_args(argv: list[str] | None = None) -> StackConfig:
-    p = argparse.ArgumentParser(prog="python -m services.launcher",
-                                description="Start the whole layerserve stack.")
+    p = argparse.ArgumentParser(
+        prog="python -m services.launcher", description="Start the whole layerserve stack."
+    )
     p.add_argument("--http-port", type=int, default=env_int("HTTP_PORT", 8000))
     p.add_argument("--grpc-port", type=int, default=env_int("GRPC_PORT", 50051))
-    p.add_argument("--internal-port-base", type=int, default=env_int("INTERNAL_PORT_BASE", 50059),
-                   help="tokenizer on BASE, scheduler on BASE+1, workers from BASE+2")
+    p.add_argument(
+        "--internal-port-base",
+        type=int,
+        default=env_int("INTERNAL_PORT_BASE", 50059),
+        help="tokenizer on BASE, scheduler on BASE+1, workers from BASE+2",
+    )
     p.add_argument("--workers", type=int, default=1, help="worker replicas of the model")
     p.add_argument("--model-name", default=env_str("MODEL_NAME", "smollm2-135m-instruct"))
-    p.add_argument("--model-path", default=env_str("MODEL_PATH", "") or None,
-                   help="a .gguf file or a Llama checkpoint directory (default: SmolLM2-135M)")
+    p.add_argument(
+        "--model-path",
+        default=env_str("MODEL_PATH", "") or None,
+        help="a .gguf file or a Llama checkpoint directory (default: SmolLM2-135M)",
+    )
     p.add_argument("--null-worker", action="store_true", help="workers without a model")
     a = p.parse_args(argv)
     base = a.internal_port_base
     return StackConfig(
-        http_port=a.http_port, grpc_port=a.grpc_port, tokenizer_port=base,
-        scheduler_port=base + 1, worker_ports=tuple(base + 2 + i for i in range(a.workers)),
-        model_name=a.model_name, model_path=a.model_path, null_worker=a.null_worker,
+        http_port=a.http_port,
+        grpc_port=a.grpc_port,
+        tokenizer_port=base,
+        scheduler_port=base + 1,
+        worker_ports=tuple(base + 2 + i for i in range(a.workers)),
+        model_name=a.model_name,
+        model_path=a.model_path,
+        null_worker=a.null_worker,
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s"
+    )
     config = parse_args(argv)
     stack = Stack(config)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         stack.start()
-        log.info("layerserve is up: OpenAI API at http://127.0.0.1:%d/v1, gRPC at 127.0.0.1:%d "
-                 "(model %s). Ctrl-C stops it.", config.http_port, config.grpc_port,
-                 config.model_name)
+        log.info(
+            "layerserve is up: OpenAI API at http://127.0.0.1:%d/v1, gRPC at 127.0.0.1:%d "
+            "(model %s). Ctrl-C stops it.",
+            config.http_port,
+            config.grpc_port,
+            config.model_name,
+        )
         while True:
             stack.check_alive()
             time.sleep(0.5)

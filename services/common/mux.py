@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from services.common.errors import LayerserveError, Unavailable
+from services.common.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,11 @@ class MuxClient(Generic[Submit, Output]):
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 batch, self._pending = self._pending, _Pending[Submit]()
-                live = [(i, s) for i, s in zip(batch.ids, batch.submits) if i in self._sinks]
+                live = [
+                    (i, s)
+                    for i, s in zip(batch.ids, batch.submits, strict=True)
+                    if i in self._sinks
+                ]
                 self._on_stream.update(i for i, _ in live)
                 if live or batch.aborts:
                     request = self._protocol.build_request([s for _, s in live], batch.aborts)

@@ -34,7 +34,11 @@ class SamplingOptions:
             (0.0 <= self.min_p <= 1.0, "min_p", "must be between 0 and 1"),
             (0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be between -2 and 2"),
-            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be between -2 and 2"),
+            (
+                -2.0 <= self.frequency_penalty <= 2.0,
+                "frequency_penalty",
+                "must be between -2 and 2",
+            ),
             (self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)"),
             (
                 self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,

@@ -22,13 +22,16 @@ async def main() -> None:
     config = GatewayConfig.from_args()
     setup_logging("gateway")
     if not config.api_keys:
-        log.warning("no API keys configured (LAYERSERVE_API_KEYS or --api-keys-file): "
-                    "accepting every request without authentication")
+        log.warning(
+            "no API keys configured (LAYERSERVE_API_KEYS or --api-keys-file): "
+            "accepting every request without authentication"
+        )
     backend = TokenizerBackend(config.tokenizer)
     # handler_cancellation: a client that hangs up cancels its handler, which aborts the
     # request in the backend (non-streaming requests too).
-    runner = web.AppRunner(create_app(backend, api_keys=config.api_keys), access_log=None,
-                           handler_cancellation=True)
+    runner = web.AppRunner(
+        create_app(backend, api_keys=config.api_keys), access_log=None, handler_cancellation=True
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.http_port)
     await site.start()
@@ -38,8 +41,13 @@ async def main() -> None:
     )
     grpc_server.add_insecure_port(f"{config.host}:{config.grpc_port}")
     await grpc_server.start()
-    log.info("OpenAI API at http://%s:%d/v1, gRPC API at %s:%d", config.host, config.http_port,
-             config.host, config.grpc_port)
+    log.info(
+        "OpenAI API at http://%s:%d/v1, gRPC API at %s:%d",
+        config.host,
+        config.http_port,
+        config.host,
+        config.grpc_port,
+    )
     await wait_for_shutdown()
     await grpc_server.stop(grace=2)
     await runner.cleanup()

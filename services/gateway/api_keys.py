@@ -1,4 +1,4 @@
-"""API keys: from LAYERSERVE_API_KEYS (comma-separated) or a keys file (one per line, # comments)."""
+"""API keys: from LAYERSERVE_API_KEYS (comma-separated) or a keys file (one per line)."""
 
 from __future__ import annotations
 

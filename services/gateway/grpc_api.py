@@ -29,8 +29,9 @@ def request_from_proto(
     if not msg.model:
         raise InvalidArgument("model is required", param="model")
     if msg.HasField("max_tokens") and msg.max_tokens < 1:
-        raise InvalidArgument(f"max_tokens must be at least 1, got {msg.max_tokens}",
-                              param="max_tokens")
+        raise InvalidArgument(
+            f"max_tokens must be at least 1, got {msg.max_tokens}", param="max_tokens"
+        )
     sampling = SamplingOptions.from_proto(msg.sampling)
     sampling.validate()
     req = GenerationRequest(
@@ -61,8 +62,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         """Aborts with UNAUTHENTICATED unless the key is good; returns the call's metadata."""
         metadata = dict(context.invocation_metadata() or ())
         if not is_authorized(self._api_keys, metadata.get("authorization")):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "invalid or missing API key (metadata authorization: Bearer KEY)")
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "invalid or missing API key (metadata authorization: Bearer KEY)",
+            )
         return metadata
 
     async def Generate(self, request, context) -> AsyncIterator[gateway_pb2.GenerateResponse]:

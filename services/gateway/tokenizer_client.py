@@ -53,7 +53,9 @@ def delta_from_proto(out: tokenizer_pb2.GenerateOutput, want_logprobs: bool) -> 
     if want_logprobs:
         logprobs = [
             TokenLogprob(
-                lp.token, lp.token_bytes, lp.logprob,
+                lp.token,
+                lp.token_bytes,
+                lp.logprob,
                 [TopLogprob(t.token, t.token_bytes, t.logprob) for t in lp.top],
             )
             for lp in out.logprobs

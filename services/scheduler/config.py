@@ -27,10 +27,15 @@ class SchedulerConfig:
         p = argparse.ArgumentParser(prog="python -m services.scheduler")
         p.add_argument("--host", default=env_str("SCHEDULER_HOST", "127.0.0.1"))
         p.add_argument("--port", type=int, default=env_int("SCHEDULER_PORT", 50060))
-        p.add_argument("--worker", action="append", dest="workers",
-                       help="a worker's HOST:PORT; repeat for replicas (default 127.0.0.1:50061)")
-        p.add_argument("--max-num-batched-tokens", type=int,
-                       default=env_int("MAX_NUM_BATCHED_TOKENS", 1024))
+        p.add_argument(
+            "--worker",
+            action="append",
+            dest="workers",
+            help="a worker's HOST:PORT; repeat for replicas (default 127.0.0.1:50061)",
+        )
+        p.add_argument(
+            "--max-num-batched-tokens", type=int, default=env_int("MAX_NUM_BATCHED_TOKENS", 1024)
+        )
         p.add_argument("--max-num-seqs", type=int, default=env_int("MAX_NUM_SEQS", 64))
         a = p.parse_args(argv)
         workers = a.workers or env_list("SCHEDULER_WORKERS") or ["127.0.0.1:50061"]

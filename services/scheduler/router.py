@@ -58,7 +58,9 @@ class Router:
         self._owner.pop(request_id, None)
 
     def _pick(self, model: str) -> WorkerLink:
-        replicas = [link for link in self.links if link.info is not None and link.info.model == model]
+        replicas = [
+            link for link in self.links if link.info is not None and link.info.model == model
+        ]
         if not replicas:
             raise NotFound(f"The model `{model}` does not exist.", param="model")
         ready = [link for link in replicas if link.ready]

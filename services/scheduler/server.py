@@ -6,7 +6,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-
 from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import LayerserveError, code_number
@@ -80,9 +79,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if s is None or info is None or (request.model and request.model != info.model):
                 continue
             stats.workers.add(
-                model=info.model, address=link.address, num_blocks=s.kv.pool.num_blocks,
-                free_blocks=s.kv.pool.num_free, running=len(s.running), waiting=s.num_waiting,
-                steps=s.num_steps, preemptions=s.num_preemptions,
+                model=info.model,
+                address=link.address,
+                num_blocks=s.kv.pool.num_blocks,
+                free_blocks=s.kv.pool.num_free,
+                running=len(s.running),
+                waiting=s.num_waiting,
+                steps=s.num_steps,
+                preemptions=s.num_preemptions,
             )
         return stats
 
@@ -101,5 +105,3 @@ def _error(request_id: str, message: str, *, code: int) -> RequestOutput:
         finish_reason=common_pb2.FINISH_REASON_ERROR,
         error=common_pb2.Status(code=code, message=message),
     )
-
-

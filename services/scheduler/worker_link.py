@@ -131,8 +131,13 @@ class WorkerLink:
         kv = KVCacheManager(BlockPool(self.info.num_blocks), self.info.block_size)
         eos = frozenset(self.info.eos_token_ids)
         self.scheduler = Scheduler(self.limits, kv, self.info.max_model_len, eos)
-        log.info("worker %s ready: model %s, %d blocks of %d tokens", self.address,
-                 self.info.model, self.info.num_blocks, self.info.block_size)
+        log.info(
+            "worker %s ready: model %s, %d blocks of %d tokens",
+            self.address,
+            self.info.model,
+            self.info.num_blocks,
+            self.info.block_size,
+        )
 
     async def _step_loop(self) -> None:
         assert self.scheduler is not None
@@ -153,8 +158,9 @@ class WorkerLink:
                 await call.write(step_to_proto(step, self._step_id))
                 result = await call.read()
                 if result is grpc.aio.EOF:
-                    raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
-                                               "the worker closed the step stream")
+                    raise grpc.aio.AioRpcError(
+                        grpc.StatusCode.UNAVAILABLE, None, None, "the worker closed the step stream"
+                    )
                 self._apply(result)
         finally:
             call.cancel()
@@ -162,10 +168,16 @@ class WorkerLink:
     def _apply(self, result: worker_pb2.StepResult) -> None:
         assert self.scheduler is not None
         if result.HasField("error"):
-            raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, None, None,
-                                       f"worker rejected a step: {result.error.message}")
-        samples = [Sample(s.request_id, s.token_id, s.logprob if s.HasField("logprob") else None)
-                   for s in result.sampled]
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.INTERNAL,
+                None,
+                None,
+                f"worker rejected a step: {result.error.message}",
+            )
+        samples = [
+            Sample(s.request_id, s.token_id, s.logprob if s.HasField("logprob") else None)
+            for s in result.sampled
+        ]
         updated = self.scheduler.update(samples)
         if updated:
             self._emit([output_for(request, sample) for request, sample in updated])

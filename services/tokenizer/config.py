@@ -31,11 +31,20 @@ class TokenizerConfig:
         p.add_argument("--host", default=env_str("TOKENIZER_HOST", "127.0.0.1"))
         p.add_argument("--port", type=int, default=env_int("TOKENIZER_PORT", 50059))
         p.add_argument("--scheduler", default=env_str("SCHEDULER_ADDRESS", "127.0.0.1:50060"))
-        p.add_argument("--model", action="append", dest="models", metavar="NAME[=PATH]",
-                       help="a served model and its .gguf file or checkpoint directory; "
-                       "repeat for several (default: the embedded SmolLM2-135M-Instruct)")
-        p.add_argument("--threads", type=int, default=env_int("TOKENIZER_THREADS", 2),
-                       help="threads that tokenize prompts off the event loop")
+        p.add_argument(
+            "--model",
+            action="append",
+            dest="models",
+            metavar="NAME[=PATH]",
+            help="a served model and its .gguf file or checkpoint directory; "
+            "repeat for several (default: the embedded SmolLM2-135M-Instruct)",
+        )
+        p.add_argument(
+            "--threads",
+            type=int,
+            default=env_int("TOKENIZER_THREADS", 2),
+            help="threads that tokenize prompts off the event loop",
+        )
         a = p.parse_args(argv)
         specs = a.models or env_list("TOKENIZER_MODELS") or [DEFAULT_MODEL]
         return cls(a.host, a.port, a.scheduler, tuple(_parse_model(s) for s in specs), a.threads)

@@ -43,8 +43,6 @@ class IncrementalDetokenizer:
         prompt_ids: Sequence[int] | None = None,
         skip_special_tokens: bool = True,
     ) -> None:
-        self._model = model
-        self._skip_special_tokens = skip_special_tokens
         self._stream: _ByteStream | _WindowStream
         if model.is_byte_level:
             self._stream = _ByteStream(model, skip_special_tokens)

@@ -52,7 +52,9 @@ def load_gguf_tokenizer(path: str | Path) -> TextModel:
     tokens = meta.strings("tokenizer.ggml.tokens")
     bos_id = meta.optional_int("tokenizer.ggml.bos_token_id")
     eos_id = meta.optional_int("tokenizer.ggml.eos_token_id")
-    tokenizer = Tokenizer(models.BPE(_vocab(tokens), _merges(meta.strings("tokenizer.ggml.merges"))))
+    tokenizer = Tokenizer(
+        models.BPE(_vocab(tokens), _merges(meta.strings("tokenizer.ggml.merges")))
+    )
     tokenizer.pre_tokenizer = _pre_tokenizer(meta.optional_string("tokenizer.ggml.pre") or "gpt-2")
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = _post_processor(

@@ -85,8 +85,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         try:
             served = await self._scheduler.ListModels(scheduler_pb2.ListModelsRequest(), timeout=5)
         except grpc.aio.AioRpcError as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"the scheduler is unavailable: {err.details()}")
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"the scheduler is unavailable: {err.details()}"
+            )
         return tokenizer_pb2.ListModelsResponse(
             models=[
                 tokenizer_pb2.ModelInfo(id=m.id, max_model_len=m.max_model_len)
@@ -117,8 +118,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 self._mux.abort(request_id)
             for request in msg.requests:
                 if request.request_id in open_ids:
-                    outbox.put(error_output(request.request_id,
-                                            LayerserveError("duplicate request_id")))
+                    outbox.put(
+                        error_output(request.request_id, LayerserveError("duplicate request_id"))
+                    )
                     continue
                 open_ids.add(request.request_id)
                 asyncio.ensure_future(self._start(request, outbox, open_ids))
@@ -141,8 +143,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             return
         if request_id not in open_ids:
             return  # aborted while tokenizing
-        stream = TextStream.create(model, prompt_ids, list(request.stop),
-                                   request.skip_special_tokens)
+        stream = TextStream.create(
+            model, prompt_ids, list(request.stop), request.skip_special_tokens
+        )
         submit = scheduler_pb2.Submit(
             request_id=request_id,
             model=request.model,
@@ -163,8 +166,14 @@ class _Sink:
 
     __slots__ = ("request_id", "stream", "outbox", "open_ids", "mux")
 
-    def __init__(self, request_id: str, stream: TextStream, outbox: Outbox,
-                 open_ids: set[str], mux: MuxClient) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        stream: TextStream,
+        outbox: Outbox,
+        open_ids: set[str],
+        mux: MuxClient,
+    ) -> None:
         self.request_id = request_id
         self.stream = stream
         self.outbox = outbox
@@ -178,8 +187,13 @@ class _Sink:
             self._end(error_output(self.request_id, output))
             return
         if output.finish_reason == common_pb2.FINISH_REASON_ERROR:
-            self._end(GenerateOutput(request_id=self.request_id, finish_reason=output.finish_reason,
-                                     error=output.error))
+            self._end(
+                GenerateOutput(
+                    request_id=self.request_id,
+                    finish_reason=output.finish_reason,
+                    error=output.error,
+                )
+            )
             return
         last = output.finish_reason != _UNSPECIFIED
         delta = self.stream.add(list(output.token_ids), last)
@@ -211,8 +225,11 @@ class _Sink:
             logprob=lp.logprob,
         )
         for top in lp.top:
-            msg.top.add(token=model.token_text(top.token_id),
-                        token_bytes=model.token_bytes(top.token_id), logprob=top.logprob)
+            msg.top.add(
+                token=model.token_text(top.token_id),
+                token_bytes=model.token_bytes(top.token_id),
+                logprob=top.logprob,
+            )
         return msg
 
     def _end(self, out: GenerateOutput) -> None:

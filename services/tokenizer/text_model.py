@@ -78,7 +78,7 @@ class TextModel:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of `ids`; special tokens are dropped when `skip_special_tokens`."""
-        self._check_ids(ids)
+        self.validate_ids(ids)
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
@@ -99,7 +99,7 @@ class TextModel:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes token `token_id` stands for; may be part of a UTF-8 character."""
-        self._check_ids((token_id,))
+        self.validate_ids((token_id,))
         return self._token_bytes[token_id]
 
     def token_text(self, token_id: int) -> str:
@@ -111,7 +111,8 @@ class TextModel:
         """The id of a vocabulary entry spelled exactly `token`, or None."""
         return self._tokenizer.token_to_id(token)
 
-    def _check_ids(self, ids: Sequence[int]) -> None:
+    def validate_ids(self, ids: Sequence[int]) -> None:
+        """InvalidArgument naming the first id outside the vocabulary (O(n), no decoding)."""
         if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
             bad = next(i for i in ids if not 0 <= i < self.vocab_size)
             raise InvalidArgument(f"token id {bad} is outside the vocabulary of {self.name!r}")

@@ -47,8 +47,13 @@ async def main() -> None:
     runner = build_runner(config)
     log.info(
         "loaded %s on %s (%s) in %.1fs: %d KV blocks of %d tokens, max length %d",
-        config.model_name + (" (null worker)" if config.null else ""), runner.device, runner.dtype,
-        time.perf_counter() - started, runner.num_blocks, runner.block_size, runner.max_model_len,
+        config.model_name + (" (null worker)" if config.null else ""),
+        runner.device,
+        runner.dtype,
+        time.perf_counter() - started,
+        runner.num_blocks,
+        runner.block_size,
+        runner.max_model_len,
     )
     server = new_server()
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(runner, config.model_name), server)

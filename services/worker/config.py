@@ -36,8 +36,11 @@ class WorkerConfig:
         p = argparse.ArgumentParser(prog="python -m services.worker")
         p.add_argument("--host", default=env_str("WORKER_HOST", "127.0.0.1"))
         p.add_argument("--port", type=int, default=env_int("WORKER_PORT", 50061))
-        p.add_argument("--model-path", default=env_str("MODEL_PATH", "") or None,
-                       help="a .gguf file or a Llama checkpoint directory (default: SmolLM2-135M)")
+        p.add_argument(
+            "--model-path",
+            default=env_str("MODEL_PATH", "") or None,
+            help="a .gguf file or a Llama checkpoint directory (default: SmolLM2-135M)",
+        )
         p.add_argument("--model-name", default=env_str("MODEL_NAME", "smollm2-135m-instruct"))
         p.add_argument("--device", default=env_str("WORKER_DEVICE", "auto"))
         p.add_argument("--dtype", default=env_str("WORKER_DTYPE", "float32"))
@@ -45,10 +48,29 @@ class WorkerConfig:
         p.add_argument("--num-blocks", type=int, default=env_int("NUM_BLOCKS", 0) or None)
         p.add_argument("--kv-cache-gb", type=float, default=env_float("KV_CACHE_GB", 1.0))
         p.add_argument("--max-model-len", type=int, default=env_int("MAX_MODEL_LEN", 0) or None)
-        p.add_argument("--threads", type=int, default=env_int("WORKER_THREADS", 0),
-                       help="torch intra-op threads (0: torch's default)")
-        p.add_argument("--null", action="store_true",
-                       help="no model: emit tokens from a fixed cycle (plumbing benchmarks)")
+        p.add_argument(
+            "--threads",
+            type=int,
+            default=env_int("WORKER_THREADS", 0),
+            help="torch intra-op threads (0: torch's default)",
+        )
+        p.add_argument(
+            "--null",
+            action="store_true",
+            help="no model: emit tokens from a fixed cycle (plumbing benchmarks)",
+        )
         a = p.parse_args(argv)
-        return cls(a.host, a.port, a.model_path, a.model_name, a.device, a.dtype, a.block_size,
-                   a.num_blocks, a.kv_cache_gb, a.max_model_len, a.threads, a.null)
+        return cls(
+            a.host,
+            a.port,
+            a.model_path,
+            a.model_name,
+            a.device,
+            a.dtype,
+            a.block_size,
+            a.num_blocks,
+            a.kv_cache_gb,
+            a.max_model_len,
+            a.threads,
+            a.null,
+        )

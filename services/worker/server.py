@@ -121,8 +121,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except ValueError as err:
             log.error("rejected an inconsistent step: %s", err)
             return worker_pb2.StepResult(
-                error=common_pb2.Status(code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
-                                        message=str(err)),
+                error=common_pb2.Status(
+                    code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message=str(err)
+                ),
             )
         return worker_pb2.StepResult(
             sampled=[sampled_to_proto(s) for s in sampled],

@@ -16,8 +16,12 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def post(stack: Stack, path: str, body: dict, headers: dict | None = None) -> httpx.Response:
-    return httpx.post(f"{stack.http_url}{path}", json=body,
-                      headers=AUTH if headers is None else headers, timeout=120)
+    return httpx.post(
+        f"{stack.http_url}{path}",
+        json=body,
+        headers=AUTH if headers is None else headers,
+        timeout=120,
+    )
 
 
 def sse_events(response: httpx.Response) -> Iterator[dict | str]:
@@ -25,20 +29,22 @@ def sse_events(response: httpx.Response) -> Iterator[dict | str]:
     for line in response.iter_lines():
         if not line.startswith("data: "):
             continue
-        data = line[len("data: "):]
+        data = line[len("data: ") :]
         yield data if data == "[DONE]" else json.loads(data)
 
 
 def stream(stack: Stack, path: str, body: dict) -> list[dict | str]:
-    with httpx.stream("POST", f"{stack.http_url}{path}", json={**body, "stream": True},
-                      headers=AUTH, timeout=120) as response:
+    with httpx.stream(
+        "POST", f"{stack.http_url}{path}", json={**body, "stream": True}, headers=AUTH, timeout=120
+    ) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
         return list(sse_events(response))
 
 
-def grpc_generate(stack: Stack, request: gateway_pb2.GenerateRequest, key: str | None = API_KEY
-                  ) -> list[gateway_pb2.GenerateResponse]:
+def grpc_generate(
+    stack: Stack, request: gateway_pb2.GenerateRequest, key: str | None = API_KEY
+) -> list[gateway_pb2.GenerateResponse]:
     metadata = [("authorization", f"Bearer {key}")] if key else []
     with grpc.insecure_channel(f"127.0.0.1:{stack.config.grpc_port}") as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)

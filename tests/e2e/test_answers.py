@@ -27,13 +27,19 @@ def test_chat_answers_paris_over_http(stack):
 def test_chat_answers_paris_through_the_openai_sdk(stack):
     client = openai.OpenAI(base_url=f"{stack.http_url}/v1", api_key=API_KEY)
     completion = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0,
+        model=MODEL,
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
         max_completion_tokens=30,
     )
     assert "Paris" in completion.choices[0].message.content
     chunks = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0,
-        max_completion_tokens=30, stream=True, stream_options={"include_usage": True},
+        model=MODEL,
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
+        max_completion_tokens=30,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(chunks)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -45,21 +51,27 @@ def test_chat_answers_paris_through_the_openai_sdk(stack):
 def test_chat_answers_paris_over_grpc(stack):
     request = gateway_pb2.GenerateRequest(
         model=MODEL,
-        chat=gateway_pb2.ChatMessages(messages=[gateway_pb2.ChatMessage(role="user",
-                                                                        content=QUESTION)]),
+        chat=gateway_pb2.ChatMessages(
+            messages=[gateway_pb2.ChatMessage(role="user", content=QUESTION)]
+        ),
         max_tokens=30,
     )
     responses = grpc_generate(stack, request)
     text = "".join(r.text for r in responses)
     assert "Paris" in text
-    assert responses[-1].finish_reason in (common_pb2.FINISH_REASON_STOP,
-                                           common_pb2.FINISH_REASON_LENGTH)
+    assert responses[-1].finish_reason in (
+        common_pb2.FINISH_REASON_STOP,
+        common_pb2.FINISH_REASON_LENGTH,
+    )
     assert sum(len(r.token_ids) for r in responses) == responses[-1].completion_tokens
 
 
 def test_streamed_chunks_validate_and_end_with_usage(stack):
-    events = stream(stack, "/v1/chat/completions",
-                    chat_body(QUESTION, max_tokens=20, stream_options={"include_usage": True}))
+    events = stream(
+        stack,
+        "/v1/chat/completions",
+        chat_body(QUESTION, max_tokens=20, stream_options={"include_usage": True}),
+    )
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     for chunk in chunks:

@@ -47,8 +47,11 @@ def test_prompt_too_long_is_rejected_before_streaming(stack):
         ({"model": MODEL, "prompt": "hi"}, None, grpc.StatusCode.UNAUTHENTICATED),
         ({"model": "no-such-model", "prompt": "hi"}, "default", grpc.StatusCode.NOT_FOUND),
         ({"model": MODEL, "prompt": LONG_PROMPT}, "default", grpc.StatusCode.INVALID_ARGUMENT),
-        ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, "default",
-         grpc.StatusCode.INVALID_ARGUMENT),
+        (
+            {"model": MODEL, "prompt": "hi", "max_tokens": 0},
+            "default",
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
         ({"model": MODEL}, "default", grpc.StatusCode.INVALID_ARGUMENT),
     ],
 )

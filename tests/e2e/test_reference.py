@@ -31,7 +31,10 @@ NOISE = ["Tell me about the history of Rome. " * n for n in (1, 5, 12)]
 
 def _generate(stack, prompt: str, max_tokens: int) -> list[int]:
     request = gateway_pb2.GenerateRequest(
-        model=MODEL, prompt=prompt, max_tokens=max_tokens, ignore_eos=True,
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        ignore_eos=True,
         sampling=common_pb2.SamplingParams(temperature=0),
     )
     return [t for response in grpc_generate(stack, request) for t in response.token_ids]

@@ -63,7 +63,7 @@ def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
 
 
 def _llama3_scale(inv_freq: torch.Tensor, s: Llama3RopeScaling) -> torch.Tensor:
-    """Llama 3.1's scaling: long wavelengths divided by factor, short kept, a smooth ramp between."""
+    """Llama 3.1: long wavelengths divided by factor, short ones kept, a smooth ramp between."""
     low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
     high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
     wavelen = 2 * math.pi / inv_freq

@@ -109,7 +109,10 @@ def iter_hf_tensors(reader: GGUFReader, config: LlamaConfig) -> Iterator[tuple[s
             array = gguf_to_hf_rows(array, config.num_heads)
         elif name.endswith("self_attn.k_proj.weight"):
             array = gguf_to_hf_rows(array, config.num_kv_heads)
-        yield name, torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        if not array.flags.writeable:
+            array = array.copy()  # F32 tensors come back as views of the read-only file map
+        yield name, torch.from_numpy(array)
 
 
 def _hf_name(gguf_name: str) -> str:

@@ -41,14 +41,20 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: LlamaConfig, max_positions: int, device: torch.device) -> None:
         super().__init__()
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(config))
+        angles = torch.outer(
+            torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(config)
+        )
         angles = torch.cat([angles, angles], dim=-1)  # [P, D]: HF pairs dim i with i + D/2
         self.register_buffer("cos", angles.cos().to(device), persistent=False)
         self.register_buffer("sin", angles.sin().to(device), persistent=False)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [T] -> cos, sin [T, 1, D], looked up once per step and shared by all layers."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [T] -> cos, sin [T, 1, D]; looked up once per step, shared by all layers."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(
+            dtype
+        )
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -136,7 +142,9 @@ class LlamaModel(nn.Module):
         super().__init__()
         device = torch.device(device)
         self.config = config
-        self.embed_tokens = _weight(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens = _weight(
+            config.vocab_size, config.hidden_size, dtype=dtype, device=device
+        )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, dtype, device) for i in range(config.num_layers)
         )
@@ -176,11 +184,17 @@ class LlamaModel(nn.Module):
         Fused projections are filled slice by slice; every parameter must be covered."""
         missing = set(self._expected_names())
         for name, tensor in tensors:
+            if name.endswith("rotary_emb.inv_freq") or (
+                name == "lm_head.weight" and self.lm_head is None
+            ):
+                continue  # derived from the config / a tied checkpoint's redundant copy
             target = self._target(name)
             if target is None:
-                continue  # e.g. rotary_emb.inv_freq in old checkpoints: derived, not loaded
+                raise ValueError(f"unexpected tensor {name!r}: not part of a Llama model")
             if target.shape != tensor.shape:
-                raise ValueError(f"{name}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
+                raise ValueError(
+                    f"{name}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}"
+                )
             target.copy_(tensor)
             missing.discard(name)
         if missing:
@@ -202,13 +216,17 @@ class LlamaModel(nn.Module):
 
     def _target(self, name: str) -> torch.Tensor | None:
         """The parameter (or the slice of a fused one) that HF tensor `name` fills."""
-        top = {"embed_tokens.weight": self.embed_tokens, "norm.weight": self.norm.weight}
-        if name == "lm_head.weight":
-            return self.lm_head  # None when tied: a tied checkpoint may still carry a copy
+        top = {
+            "embed_tokens.weight": self.embed_tokens,
+            "norm.weight": self.norm.weight,
+            "lm_head.weight": self.lm_head,
+        }
         if name in top:
             return top[name]
         parts = name.split(".", 2)
-        if parts[0] != "layers" or len(parts) != 3:
+        if parts[0] != "layers" or len(parts) != 3 or not parts[1].isdigit():
+            return None
+        if int(parts[1]) >= len(self.layers):
             return None
         layer: LlamaDecoderLayer = self.layers[int(parts[1])]  # type: ignore[assignment]
         return _layer_target(layer, parts[2])

@@ -21,15 +21,22 @@ def make_scheduler(num_blocks=8, block_size=4, budget=16, max_seqs=8) -> Schedul
 
 
 def make_request(rid: str, prompt_len: int, max_tokens: int = 4, priority: int = 0) -> Request:
-    return Request(rid, list(range(10, 10 + prompt_len)), max_tokens, SamplingOptions(),
-                   frozenset({EOS}), priority=priority)
+    return Request(
+        rid,
+        list(range(10, 10 + prompt_len)),
+        max_tokens,
+        SamplingOptions(),
+        frozenset({EOS}),
+        priority=priority,
+    )
 
 
 def sample_all(sched: Scheduler, step, token: int = 7) -> list:
     """Samples `token` for every scheduled request that caught up with its tokens."""
     samples = [Sample(r.request_id, token) for r, _ in step.new if r.num_tokens_to_compute == 0]
-    samples += [Sample(r.request_id, token) for r, _, _ in step.running
-                if r.num_tokens_to_compute == 0]
+    samples += [
+        Sample(r.request_id, token) for r, _, _ in step.running if r.num_tokens_to_compute == 0
+    ]
     return sched.update(samples)
 
 
@@ -37,7 +44,7 @@ def test_prefill_then_decode_allocates_blocks_as_tokens_grow():
     sched = make_scheduler()
     sched.add(make_request("a", prompt_len=6, max_tokens=4))
     step = sched.schedule()
-    (req, n), = step.new
+    ((req, n),) = step.new
     assert n == 6 and req.block_ids == [0, 1]
     sample_all(sched, step)
     for _ in range(2):  # computing tokens 7 and 8 fits in the two blocks
@@ -69,10 +76,10 @@ def test_long_prompt_is_chunked_under_the_token_budget_while_decodes_continue():
 def test_eos_stops_unless_ignored():
     sched = make_scheduler()
     sched.add(make_request("a", prompt_len=2, max_tokens=10))
-    (req, _), = sched.update([Sample("a", EOS)]) or [(None, None)]  # not running yet: dropped
+    ((req, _),) = sched.update([Sample("a", EOS)]) or [(None, None)]  # not running yet: dropped
     assert req is None
     step = sched.schedule()
-    (req, _), = sample_all(sched, step, token=EOS)
+    ((req, _),) = sample_all(sched, step, token=EOS)
     assert req.finish_reason is FinishReason.STOP
 
 
@@ -91,7 +98,7 @@ def test_out_of_blocks_preempts_the_most_recent_request_which_resumes_with_its_t
     assert new.output_token_ids == [7] and sched.num_preemptions == 1
     sched.abort("old")
     step = sched.schedule()
-    (resumed, n), = step.new
+    ((resumed, n),) = step.new
     assert resumed is new and n == 9  # prompt and its generated token, recomputed
 
 
@@ -115,13 +122,22 @@ def test_abort_frees_blocks_and_tells_the_worker():
 
 
 def test_admission_rejects_what_can_never_run():
-    limits = ModelLimits(max_model_len=32, vocab_size=100, block_size=4, num_blocks=4,
-                         eos_token_ids=frozenset({EOS}))
+    limits = ModelLimits(
+        max_model_len=32, vocab_size=100, block_size=4, num_blocks=4, eos_token_ids=frozenset({EOS})
+    )
 
     def build(prompt, max_tokens=0, sampling=None):
-        return admit(request_id="r", prompt_token_ids=prompt, max_tokens=max_tokens,
-                     sampling=sampling or SamplingOptions(), stop_token_ids=[], ignore_eos=False,
-                     priority=0, trace_context={}, limits=limits)
+        return admit(
+            request_id="r",
+            prompt_token_ids=prompt,
+            max_tokens=max_tokens,
+            sampling=sampling or SamplingOptions(),
+            stop_token_ids=[],
+            ignore_eos=False,
+            priority=0,
+            trace_context={},
+            limits=limits,
+        )
 
     with pytest.raises(InvalidArgument, match="maximum context length"):
         build(list(range(40)))

@@ -1,0 +1,224 @@
+"""The worker's engine: per-request state, the paged KV cache and one model step per plan.
+
+execute() is synchronous and meant for a dedicated thread; nothing here touches asyncio."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from services.worker.attention import AttentionMetadata
+from services.worker.kv_cache import PagedKVCache, num_blocks_for_bytes
+from services.worker.model.loader import LoadedModel, default_path, load_model
+from services.worker.plan import Sampled, StepPlan
+from services.worker.sampler import Sampler
+from services.worker.sequences import PlanLimits, SequenceState, validate_plan
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Without an explicit size, a CPU cache gets 1 GiB (about 23k tokens of SmolLM2-135M) and a
+# GPU cache this share of the memory still free once the weights are loaded.
+DEFAULT_CPU_KV_BYTES = 1 << 30
+DEFAULT_GPU_KV_FRACTION = 0.8
+
+
+@dataclass(slots=True)
+class _Scheduled:
+    state: SequenceState
+    num_new: int  # tokens computed this step, starting at state.num_computed
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        kv_cache: PagedKVCache,
+        *,
+        max_model_len: int,
+        model_name: str,
+    ) -> None:
+        self._loaded = loaded
+        self._model = loaded.model
+        self._cache = kv_cache
+        self._sampler = Sampler()
+        self._max_model_len = max_model_len
+        self._model_name = model_name
+        self._device = loaded.model.embed_tokens.device
+        self._dtype = loaded.model.embed_tokens.dtype
+        self._requests: dict[str, SequenceState] = {}
+        self._limits = PlanLimits(
+            block_size=kv_cache.block_size,
+            num_blocks=kv_cache.num_blocks,
+            max_model_len=max_model_len,
+            vocab_size=loaded.config.vocab_size,
+        )
+
+    @classmethod
+    def create(
+        cls,
+        path: str | Path | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_cache_bytes: int | None = None,
+        max_model_len: int | None = None,
+        model_name: str | None = None,
+        num_threads: int | None = None,
+    ) -> ModelRunner:
+        """Loads the model (the bundled SmolLM2 GGUF by default) and allocates the KV cache.
+
+        num_blocks wins over kv_cache_bytes; with neither, see DEFAULT_*_KV_* above."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        torch_device = torch.device(device)
+        torch_dtype = DTYPES[dtype]
+        loaded = load_model(path or default_path(), dtype=torch_dtype, device=torch_device)
+        limit = loaded.config.max_position_embeddings
+        if max_model_len is not None and not 0 < max_model_len <= limit:
+            raise ValueError(f"max_model_len must be in [1, {limit}], got {max_model_len}")
+        if num_blocks is None:
+            budget = (
+                kv_cache_bytes if kv_cache_bytes is not None else _default_kv_bytes(torch_device)
+            )
+            num_blocks = num_blocks_for_bytes(loaded.config, block_size, torch_dtype, budget)
+        cache = PagedKVCache(loaded.config, num_blocks, block_size, torch_dtype, torch_device)
+        name = model_name or (DEFAULT_MODEL_NAME if path is None else Path(path).stem.lower())
+        return cls(loaded, cache, max_model_len=max_model_len or limit, model_name=name)
+
+    # Read-only facts the server reports to the scheduler.
+    @property
+    def block_size(self) -> int:
+        return self._cache.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self._cache.num_blocks
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self._loaded.config.vocab_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._loaded.config.eos_token_ids
+
+    @property
+    def fingerprint(self) -> str:
+        return self._loaded.fingerprint
+
+    @property
+    def device(self) -> str:
+        return str(self._device)
+
+    @property
+    def dtype(self) -> str:
+        return str(self._dtype).removeprefix("torch.")
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def num_requests(self) -> int:
+        """How many requests the worker holds state for."""
+        return len(self._requests)
+
+    def execute(self, plan: StepPlan) -> list[Sampled]:
+        """Runs one step; returns a token for each sequence whose known tokens are all computed.
+
+        The plan is checked in full first: a ValueError leaves requests and cache untouched."""
+        validate_plan(plan, self._requests, self._limits)
+        for request_id in plan.finished_ids:
+            self._requests.pop(request_id, None)
+        scheduled = self._apply(plan)
+        if not scheduled:
+            return []
+        with torch.inference_mode():
+            return self._run(scheduled)
+
+    def _apply(self, plan: StepPlan) -> list[_Scheduled]:
+        """Registers new sequences and running diffs; the work of this step, in plan order."""
+        scheduled = []
+        for seq in plan.new:
+            state = SequenceState(
+                request_id=seq.request_id,
+                token_ids=list(seq.token_ids),
+                num_prompt_tokens=seq.num_prompt_tokens,
+                num_computed=seq.num_computed_tokens,
+                block_ids=list(seq.block_ids),
+                sampling=seq.sampling,
+            )
+            self._requests[seq.request_id] = state
+            scheduled.append(_Scheduled(state, seq.num_new_tokens))
+        for diff in plan.running:
+            state = self._requests[diff.request_id]
+            state.block_ids.extend(diff.new_block_ids)
+            scheduled.append(_Scheduled(state, diff.num_new_tokens))
+        return [item for item in scheduled if item.num_new > 0]
+
+    def _run(self, scheduled: list[_Scheduled]) -> list[Sampled]:
+        """Forward over the flattened batch, then sample the sequences that reached their end."""
+        input_ids: list[int] = []
+        for item in scheduled:
+            start = item.state.num_computed
+            input_ids.extend(item.state.token_ids[start : start + item.num_new])
+        attn = AttentionMetadata.build(
+            query_lens=[item.num_new for item in scheduled],
+            context_lens=[item.state.num_computed + item.num_new for item in scheduled],
+            block_tables=[item.state.block_ids for item in scheduled],
+            block_size=self._cache.block_size,
+            device=self._device,
+        )
+        tokens = torch.tensor(input_ids, dtype=torch.int64, device=self._device)
+        hidden = self._model(tokens, attn.positions, attn, self._cache)  # [T, d]
+        for item in scheduled:
+            item.state.num_computed += item.num_new
+        # Logits only where a token is due: the last row of each sequence that is caught up.
+        ready = [
+            (i, item.state)
+            for i, item in enumerate(scheduled)
+            if item.state.num_computed == len(item.state.token_ids)
+        ]
+        if not ready:
+            return []
+        last_rows = attn.query_start[1:] - 1  # [S]
+        rows = last_rows[torch.tensor([i for i, _ in ready], device=self._device)]
+        logits = self._model.compute_logits(hidden[rows])  # [N, V] float32
+        return self._sample(logits, [state for _, state in ready])
+
+    def _sample(self, logits: torch.Tensor, states: list[SequenceState]) -> list[Sampled]:
+        out = self._sampler.sample(
+            logits,
+            [s.sampling for s in states],
+            [s.token_ids[: s.num_prompt_tokens] for s in states],
+            [s.output_token_ids for s in states],
+        )
+        results = []
+        for i, state in enumerate(states):
+            token = out.token_ids[i]
+            state.token_ids.append(token)
+            results.append(
+                Sampled(
+                    request_id=state.request_id,
+                    token_id=token,
+                    logprob=out.logprobs[i],
+                    top_logprobs=out.top_logprobs[i],
+                )
+            )
+        return results
+
+
+def _default_kv_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * DEFAULT_GPU_KV_FRACTION)
+    return DEFAULT_CPU_KV_BYTES

@@ -1,0 +1,186 @@
+"""Batched token sampling: penalties, temperature, top-k/top-p/min-p, seeds and logprobs.
+
+Order per row: repetition penalty (prompt + output tokens, HF: divide positive logits,
+multiply negative ones), then presence/frequency penalties (output tokens only, OpenAI),
+then logprobs are taken, then temperature, top-k, top-p, min-p and the draw.
+
+Logprobs are log_softmax of the penalised logits, before temperature and truncation (vLLM's
+"raw logprobs after penalties"): they describe the model, not the sampling knobs, so they
+stay comparable across temperatures and are finite for every token. Greedy rows take the
+exact argmax of the penalised logits.
+
+A seeded row draws from its own generator, seeded from (seed, number of output tokens so
+far): the same request gives the same tokens whatever shares its batch, and again after a
+preemption resumes it with its generated tokens. Unseeded rows share the global RNG."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from services.common.sampling import SamplingOptions
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(slots=True)
+class SampleOutput:
+    token_ids: list[int]  # [N]
+    logprobs: list[float | None]  # [N]: the sampled token's, None where not requested
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # [N][n], best first
+
+
+def row_seed(seed: int, num_output_tokens: int) -> int:
+    """A 63-bit generator seed mixing the request seed and its step (splitmix64 finaliser)."""
+    z = (seed + (num_output_tokens + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+class Sampler:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        options: list[SamplingOptions],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+    ) -> SampleOutput:
+        """logits [N, V] float32 -> one token per row, with logprobs where a row asked."""
+        logits = logits.float().clone()
+        apply_penalties(logits, options, prompt_token_ids, output_token_ids)
+        logprobs = torch.log_softmax(logits, dim=-1) if _wants_logprobs(options) else None
+        tokens = logits.argmax(dim=-1)  # [N], final for greedy rows
+        random_rows = [i for i, o in enumerate(options) if o.temperature > 0]
+        if random_rows:
+            index = torch.tensor(random_rows, device=logits.device)
+            probs = sampling_probs(logits[index], [options[i] for i in random_rows])
+            counts = [len(output_token_ids[i]) for i in random_rows]
+            drawn = _draw(probs, [options[i].seed for i in random_rows], counts)
+            tokens[index] = drawn
+        return _package(tokens, logprobs, options)
+
+
+def _wants_logprobs(options: list[SamplingOptions]) -> bool:
+    return any(o.logprobs is not None for o in options)
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    options: list[SamplingOptions],
+    prompt_token_ids: list[list[int]],
+    output_token_ids: list[list[int]],
+) -> None:
+    """In place on logits [N, V]; rows without penalties are not touched."""
+    device = logits.device
+    rep_rows = [i for i, o in enumerate(options) if o.repetition_penalty != 1.0]
+    if rep_rows:
+        seen = (
+            _token_counts(
+                [prompt_token_ids[i] + output_token_ids[i] for i in rep_rows],
+                logits.shape[1],
+                device,
+            )
+            > 0
+        )  # [R, V]
+        penalty = torch.tensor([options[i].repetition_penalty for i in rep_rows], device=device)
+        rows = logits[rep_rows]
+        penalised = torch.where(rows > 0, rows / penalty[:, None], rows * penalty[:, None])
+        logits[rep_rows] = torch.where(seen, penalised, rows)
+    add_rows = [
+        i for i, o in enumerate(options) if o.presence_penalty != 0 or o.frequency_penalty != 0
+    ]
+    if add_rows:
+        counts = _token_counts([output_token_ids[i] for i in add_rows], logits.shape[1], device)
+        freq = torch.tensor([options[i].frequency_penalty for i in add_rows], device=device)
+        pres = torch.tensor([options[i].presence_penalty for i in add_rows], device=device)
+        logits[add_rows] -= freq[:, None] * counts + pres[:, None] * (counts > 0).float()
+
+
+def _token_counts(
+    token_lists: list[list[int]], vocab_size: int, device: torch.device
+) -> torch.Tensor:
+    """[R, V] float32: how often each token occurs in each row's list."""
+    counts = torch.zeros((len(token_lists), vocab_size), dtype=torch.float32, device=device)
+    for row, ids in enumerate(token_lists):
+        if ids:
+            index = torch.tensor(ids, dtype=torch.int64, device=device)
+            counts[row].index_add_(0, index, torch.ones(len(ids), device=device))
+    return counts
+
+
+def sampling_probs(logits: torch.Tensor, options: list[SamplingOptions]) -> torch.Tensor:
+    """Penalised logits [R, V] of random rows -> the distribution to draw from [R, V]."""
+    device = logits.device
+    temperature = torch.tensor([o.temperature for o in options], device=device)
+    logits = logits / temperature[:, None]
+    if any(o.top_k > 0 for o in options):
+        logits = _top_k(logits, [o.top_k for o in options])
+    if any(o.top_p < 1.0 for o in options):
+        logits = _top_p(logits, torch.tensor([o.top_p for o in options], device=device))
+    probs = torch.softmax(logits, dim=-1)
+    if any(o.min_p > 0 for o in options):
+        min_p = torch.tensor([o.min_p for o in options], device=device)
+        threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        probs = torch.where(probs < threshold, 0.0, probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _top_k(logits: torch.Tensor, top_k: list[int]) -> torch.Tensor:
+    """Keeps each row's k largest logits (k = 0: all); ties at the k-th value are kept."""
+    vocab = logits.shape[1]
+    k = torch.tensor([min(t, vocab) if t > 0 else 1 for t in top_k], device=logits.device)
+    # topk of the largest k needed is far cheaper than sorting the whole vocabulary.
+    largest = logits.topk(int(k.max()), dim=-1).values  # [R, kmax], descending
+    kth = largest.gather(1, k[:, None] - 1)  # [R, 1]
+    disabled = torch.tensor([t <= 0 for t in top_k], device=logits.device)
+    kth = kth.masked_fill(disabled[:, None], float("-inf"))
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keeps the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    # A token drops when the more likely ones already reach top_p; the first never drops.
+    drop_sorted = mass_before >= top_p[:, None]
+    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def _draw(probs: torch.Tensor, seeds: list[int | None], counts: list[int]) -> torch.Tensor:
+    """One index per row of probs [R, V]; seeded rows use their own generator."""
+    drawn = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
+    unseeded = [i for i, seed in enumerate(seeds) if seed is None]
+    if unseeded:
+        drawn[unseeded] = torch.multinomial(probs[unseeded], 1).squeeze(1)
+    for i, seed in enumerate(seeds):
+        if seed is not None:
+            generator = torch.Generator(device=probs.device).manual_seed(row_seed(seed, counts[i]))
+            drawn[i] = torch.multinomial(probs[i], 1, generator=generator)[0]
+    return drawn
+
+
+def _package(
+    tokens: torch.Tensor, logprobs: torch.Tensor | None, options: list[SamplingOptions]
+) -> SampleOutput:
+    token_list = tokens.tolist()
+    out = SampleOutput(token_ids=token_list, logprobs=[None] * len(token_list))
+    out.top_logprobs = [[] for _ in token_list]
+    if logprobs is None:
+        return out
+    chosen = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
+    max_n = max(o.logprobs or 0 for o in options)
+    top_values, top_ids = logprobs.topk(max_n, dim=-1) if max_n else (None, None)
+    for i, option in enumerate(options):
+        if option.logprobs is None:
+            continue
+        out.logprobs[i] = chosen[i]
+        if option.logprobs and top_values is not None and top_ids is not None:
+            ids = top_ids[i, : option.logprobs].tolist()
+            values = top_values[i, : option.logprobs].tolist()
+            out.top_logprobs[i] = list(zip(ids, values, strict=True))
+    return out

@@ -1,0 +1,95 @@
+"""What the worker remembers about each request between steps, and the plan checks that must
+pass before a step touches that state or the KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from services.common.errors import InvalidArgument
+from services.common.sampling import SamplingOptions
+from services.worker.plan import NewSequence, RunningSequence, StepPlan
+
+
+@dataclass(slots=True)
+class SequenceState:
+    request_id: str
+    token_ids: list[int]  # prompt, then every token generated so far (sampled ones appended)
+    num_prompt_tokens: int
+    num_computed: int  # tokens whose K/V are in the cache
+    block_ids: list[int]  # block table, in sequence order
+    sampling: SamplingOptions
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanLimits:
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+    vocab_size: int
+
+
+def validate_plan(plan: StepPlan, held: Mapping[str, SequenceState], limits: PlanLimits) -> None:
+    """Raises ValueError naming the first inconsistency; reads, never writes, the state."""
+    finished = set(plan.finished_ids)
+    new_ids: set[str] = set()
+    for seq in plan.new:
+        if seq.request_id in new_ids or (seq.request_id in held and seq.request_id not in finished):
+            raise ValueError(f"new sequence {seq.request_id!r} is already held by the worker")
+        new_ids.add(seq.request_id)
+        _check_new(seq, limits)
+    running_ids: set[str] = set()
+    for diff in plan.running:
+        rid = diff.request_id
+        if rid not in held or rid in finished:
+            raise ValueError(f"running sequence {rid!r} is unknown to the worker")
+        if rid in running_ids or rid in new_ids:
+            raise ValueError(f"sequence {rid!r} appears twice in the plan")
+        running_ids.add(rid)
+        _check_running(diff, held[rid], limits)
+
+
+def _check_new(seq: NewSequence, limits: PlanLimits) -> None:
+    rid, known = seq.request_id, len(seq.token_ids)
+    if not 1 <= seq.num_prompt_tokens <= known:
+        raise ValueError(f"{rid!r}: num_prompt_tokens {seq.num_prompt_tokens} not in [1, {known}]")
+    if seq.num_computed_tokens < 0 or seq.num_new_tokens < 0:
+        raise ValueError(f"{rid!r}: negative num_computed_tokens or num_new_tokens")
+    bad_ids = [t for t in seq.token_ids if not 0 <= t < limits.vocab_size]
+    if bad_ids:
+        raise ValueError(f"{rid!r}: token id {bad_ids[0]} outside the vocabulary")
+    try:
+        seq.sampling.validate()
+    except InvalidArgument as err:
+        raise ValueError(f"{rid!r}: {err.message}") from None
+    _check_extent(rid, seq.num_computed_tokens, seq.num_new_tokens, known, seq.block_ids, limits)
+
+
+def _check_running(diff: RunningSequence, state: SequenceState, limits: PlanLimits) -> None:
+    blocks = state.block_ids + diff.new_block_ids
+    if diff.num_new_tokens < 0:
+        raise ValueError(f"{diff.request_id!r}: negative num_new_tokens {diff.num_new_tokens}")
+    known = len(state.token_ids)
+    _check_extent(diff.request_id, state.num_computed, diff.num_new_tokens, known, blocks, limits)
+
+
+def _check_extent(
+    rid: str, computed: int, new: int, known: int, blocks: list[int], limits: PlanLimits
+) -> None:
+    """The tokens to compute exist, fit the model and are covered by valid blocks."""
+    end = computed + new
+    if end > known:
+        raise ValueError(f"{rid!r}: computing up to token {end} but only {known} are known")
+    if end > limits.max_model_len:
+        raise ValueError(f"{rid!r}: {end} tokens exceed max_model_len {limits.max_model_len}")
+    if len(blocks) * limits.block_size < end:
+        raise ValueError(
+            f"{rid!r}: {len(blocks)} blocks of {limits.block_size} cannot hold {end} tokens"
+        )
+    out_of_range = [b for b in blocks if not 0 <= b < limits.num_blocks]
+    if out_of_range:
+        raise ValueError(f"{rid!r}: block id {out_of_range[0]} not in [0, {limits.num_blocks})")

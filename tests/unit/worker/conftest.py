@@ -1,0 +1,40 @@
+"""Shared, session-scoped fixtures: the default model is loaded (dequantized) once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from services.worker.kv_cache import PagedKVCache
+from services.worker.model.loader import LoadedModel, default_path, load_model
+from services.worker.model_runner import ModelRunner
+from tests.unit.worker.gguf_tokenizer import tokenizer_from_gguf
+
+
+@pytest.fixture(scope="session")
+def smollm() -> LoadedModel:
+    return load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Tokenizer:
+    return tokenizer_from_gguf(default_path())
+
+
+RunnerFactory = Callable[..., ModelRunner]
+
+
+@pytest.fixture(scope="session")
+def make_runner(smollm: LoadedModel) -> RunnerFactory:
+    """ModelRunners sharing the loaded weights, each with a fresh cache (small by default)."""
+
+    def make(num_blocks: int = 256, block_size: int = 16, max_model_len: int = 4096) -> ModelRunner:
+        cache = PagedKVCache(
+            smollm.config, num_blocks, block_size, torch.float32, torch.device("cpu")
+        )
+        return ModelRunner(smollm, cache, max_model_len=max_model_len, model_name="smollm2-test")
+
+    return make

@@ -1,0 +1,133 @@
+"""Sampler semantics on small hand-made logits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from services.common.sampling import SamplingOptions
+from services.worker.sampler import Sampler, apply_penalties, sampling_probs
+
+VOCAB = 64
+
+
+def _logits(rows: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def _sample(logits: torch.Tensor, options: list[SamplingOptions], outputs=None):
+    prompts = [[1, 2, 3] for _ in options]
+    return Sampler().sample(logits, options, prompts, outputs or [[] for _ in options])
+
+
+def test_greedy_is_argmax_and_top_k_1_matches() -> None:
+    logits = _logits(6)
+    greedy = _sample(logits, [SamplingOptions()] * 6).token_ids
+    assert greedy == logits.argmax(-1).tolist()
+    top1 = [SamplingOptions(temperature=1.5, top_k=1, seed=i) for i in range(6)]
+    assert _sample(logits, top1).token_ids == greedy
+
+
+def test_seeded_rows_reproducible_and_independent_of_neighbours() -> None:
+    logits = _logits(5, seed=1)
+    seeded = SamplingOptions(temperature=1.0, seed=1234)
+    alone = _sample(logits[2:3], [seeded], [[7, 8]]).token_ids[0]
+    for trial in range(3):
+        torch.manual_seed(trial)  # the neighbours draw from the global RNG
+        others = [SamplingOptions(temperature=1.0)] * 5
+        others[2] = seeded
+        outputs = [[], [5], [7, 8], [], [1, 1, 1]]
+        assert _sample(logits, others, outputs).token_ids[2] == alone
+    # The step counter moves the stream on: the same seed at another step draws afresh.
+    draws = {_sample(logits[2:3], [seeded], [[0] * n]).token_ids[0] for n in range(40)}
+    assert len(draws) > 3
+
+
+def test_repetition_penalty_hf_semantics() -> None:
+    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]])
+    options = [SamplingOptions(repetition_penalty=2.0)]
+    apply_penalties(logits, options, [[0, 1]], [[2]])
+    # Seen tokens 0, 1 (prompt) and 2 (output): positive halved, negative doubled.
+    assert logits.tolist() == [[1.0, -4.0, 0.5, -1.0, 0.5]]
+
+
+def test_presence_and_frequency_penalties_output_only() -> None:
+    logits = torch.zeros(1, 5)
+    options = [SamplingOptions(presence_penalty=0.5, frequency_penalty=0.25)]
+    apply_penalties(logits, options, [[4, 4, 4]], [[1, 1, 1, 2]])
+    # Token 1 seen 3 times: 0.5 + 3 * 0.25; token 2 once: 0.5 + 0.25; prompt tokens untouched.
+    assert logits.tolist() == [[0.0, -1.25, -0.75, 0.0, 0.0]]
+
+
+def test_penalties_leave_other_rows_alone() -> None:
+    logits = _logits(3)
+    before = logits.clone()
+    options = [SamplingOptions(), SamplingOptions(repetition_penalty=1.5), SamplingOptions()]
+    apply_penalties(logits, options, [[0, 1, 2]] * 3, [[3, 4]] * 3)
+    assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
+    assert not torch.equal(logits[1], before[1])
+
+
+def test_logprobs_normalised_and_top_n_ordered() -> None:
+    logits = _logits(3)
+    options = [SamplingOptions(logprobs=5), SamplingOptions(), SamplingOptions(logprobs=0)]
+    out = _sample(logits, options)
+    expected = torch.log_softmax(logits, -1)
+    top = out.top_logprobs[0]
+    assert [t for t, _ in top] == expected[0].topk(5).indices.tolist()
+    values = [v for _, v in top]
+    assert values == sorted(values, reverse=True)
+    assert out.logprobs[0] == pytest.approx(expected[0, out.token_ids[0]].item(), abs=1e-5)
+    assert out.logprobs[1] is None and out.top_logprobs[1] == []
+    assert out.logprobs[2] is not None and out.top_logprobs[2] == []
+    assert math.isclose(sum(math.exp(v) for v in expected[0].tolist()), 1.0, rel_tol=1e-4)
+
+
+def test_logprobs_are_after_penalties_before_temperature() -> None:
+    logits = _logits(1)
+    options = [SamplingOptions(temperature=0.5, repetition_penalty=1.3, logprobs=1, seed=3)]
+    out = Sampler().sample(logits, options, [[0, 5]], [[]])
+    penalised = logits.clone()
+    apply_penalties(penalised, options, [[0, 5]], [[]])
+    expected = torch.log_softmax(penalised, -1)[0]
+    assert out.logprobs[0] == pytest.approx(expected[out.token_ids[0]].item(), abs=1e-5)
+
+
+def test_top_p_keeps_smallest_set_reaching_p() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    options = [SamplingOptions(temperature=1.0, top_p=0.8)]
+    kept = sampling_probs(probs.log(), options)
+    assert (kept[0] > 0).tolist() == [True, True, False, False]
+    assert kept[0].sum().item() == pytest.approx(1.0)
+    tiny = sampling_probs(probs.log(), [SamplingOptions(temperature=1.0, top_p=0.01)])
+    assert (tiny[0] > 0).tolist() == [True, False, False, False]
+
+
+def test_min_p_and_top_k_masks() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    min_p = sampling_probs(probs.log(), [SamplingOptions(temperature=1.0, min_p=0.2)])
+    assert (min_p[0] > 0).tolist() == [True, True, True, False]  # threshold 0.1
+    top_k = sampling_probs(probs.log(), [SamplingOptions(temperature=1.0, top_k=2)])
+    assert top_k[0].tolist() == pytest.approx([0.625, 0.375, 0.0, 0.0])
+
+
+def test_mixed_batch_masks_apply_per_row() -> None:
+    logits = _logits(3)
+    options = [
+        SamplingOptions(temperature=1.0, top_k=3),
+        SamplingOptions(temperature=1.0),
+        SamplingOptions(temperature=1.0, top_p=0.5),
+    ]
+    probs = sampling_probs(logits, options)
+    assert int((probs[0] > 0).sum()) == 3
+    assert int((probs[1] > 0).sum()) == VOCAB
+    assert 1 <= int((probs[2] > 0).sum()) < VOCAB
+
+
+def test_temperature_sampling_follows_distribution() -> None:
+    logits = torch.tensor([[0.0, math.log(3.0)]]).repeat(4000, 1)
+    torch.manual_seed(0)
+    tokens = _sample(logits, [SamplingOptions(temperature=1.0)] * 4000).token_ids
+    assert 0.72 < sum(tokens) / len(tokens) < 0.78  # P(token 1) = 0.75
