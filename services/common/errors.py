@@ -44,6 +44,8 @@ class ResourceExhausted(LayerserveError):
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
     http_status = 429
     openai_type = "rate_limit_error"
+    # Seconds a client should wait before retrying (HTTP Retry-After).
+    retry_after: int = 1
 
 
 class DeadlineExceeded(LayerserveError):
@@ -56,6 +58,7 @@ class Unavailable(LayerserveError):
     grpc_code = grpc.StatusCode.UNAVAILABLE
     http_status = 503
     openai_type = "service_unavailable"
+    retry_after: int = 1
 
 
 class Cancelled(LayerserveError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from pathlib import Path
 
@@ -17,6 +18,14 @@ def load_api_keys(env_keys: list[str], keys_file: str | None) -> frozenset[str]:
             if line:
                 keys.add(line)
     return frozenset(keys)
+
+
+def tenant_id(authorization: str | None) -> str:
+    """A stable, non-secret id of the caller's key, for fairness and accounting ("" if none)."""
+    if not authorization or not authorization.startswith("Bearer "):
+        return ""
+    key = authorization[len("Bearer ") :].strip()
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def is_authorized(keys: frozenset[str], authorization: str | None) -> bool:

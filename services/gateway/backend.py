@@ -37,6 +37,7 @@ class GenerationRequest:
     skip_special_tokens: bool = True
     priority: int = 0
     trace_context: dict[str, str] = field(default_factory=dict)
+    tenant: str = ""  # non-secret id of the caller's API key (api_keys.tenant_id)
 
 
 @dataclass(slots=True)

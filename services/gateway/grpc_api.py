@@ -12,7 +12,7 @@ from layerserve.common.v1 import common_pb2
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.errors import InvalidArgument, LayerserveError
 from services.common.sampling import SamplingOptions
-from services.gateway.api_keys import is_authorized
+from services.gateway.api_keys import is_authorized, tenant_id
 from services.gateway.backend import Backend, ChatMessage, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         trace = {k: metadata[k] for k in TRACE_KEYS if k in metadata}
         try:
             req = request_from_proto(request, request_id, trace)
+            if self._api_keys:
+                req.tenant = tenant_id(metadata.get("authorization"))
             deltas = self._backend.generate(req)
             try:
                 async for delta in deltas:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from services.common.errors import LayerserveError, NotFound
-from services.gateway.api_keys import is_authorized
+from services.gateway.api_keys import is_authorized, tenant_id
 from services.gateway.backend import Backend, ModelCard
 from services.gateway.http_generation import respond_full, respond_stream
 from services.gateway.http_json import (
@@ -133,6 +133,10 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
     parsed = parse(parse_json_body(await request.read()), _trace_context(request))
+    if request.app[API_KEYS]:
+        tenant = tenant_id(request.headers.get("Authorization"))
+        for generation in parsed.requests:
+            generation.tenant = tenant
     backend = request.app[BACKEND]
     log.debug(
         "request %s: %s model=%s n=%d stream=%s",

@@ -44,7 +44,11 @@ def error_payload(error: BaseException) -> dict[str, Any]:
 
 def error_response(error: BaseException) -> web.Response:
     status = error.http_status if isinstance(error, LayerserveError) else 500
-    return json_response(error_payload(error), status=status)
+    response = json_response(error_payload(error), status=status)
+    retry_after = getattr(error, "retry_after", None)
+    if retry_after is not None:  # 429 and 503: tell the client when trying again makes sense
+        response.headers["Retry-After"] = str(retry_after)
+    return response
 
 
 def http_exception_response(exc: web.HTTPException) -> web.Response:

@@ -36,6 +36,7 @@ def request_to_proto(req: GenerationRequest) -> tokenizer_pb2.GenerateRequest:
         skip_special_tokens=req.skip_special_tokens,
         priority=req.priority,
         trace=common_pb2.TraceContext(carrier=req.trace_context),
+        tenant=req.tenant,
     )
     if req.messages is not None:
         msg.chat.add_generation_prompt = req.add_generation_prompt

@@ -156,6 +156,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             ignore_eos=request.ignore_eos,
             priority=request.priority,
             trace=request.trace,
+            tenant=request.tenant,
         )
         sink = _Sink(request_id, stream, outbox, open_ids, self._mux)
         self._mux.submit(request_id, submit, sink)

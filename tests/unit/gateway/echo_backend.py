@@ -3,8 +3,9 @@
 It answers with the words of the prompt, one word per token: all of them then "stop", or
 max_tokens of them (cycling, with ignore_eos) then "length". A seed rotates the words, so n
 choices with distinct seeds differ. Failures as the real stack reports them: NotFound for an
-unknown model and InvalidArgument for an over-long prompt on the first __anext__, Unavailable
-mid-stream when the word "boom" comes up.
+unknown model and InvalidArgument for an over-long prompt on the first __anext__,
+ResourceExhausted (a full queue) for a prompt starting with "busy", Unavailable mid-stream when
+the word "boom" comes up.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-from services.common.errors import InvalidArgument, NotFound, Unavailable
+from services.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from services.gateway.backend import (
     GenerationDelta,
     GenerationRequest,
@@ -44,6 +45,8 @@ class EchoBackend:
         try:
             await asyncio.sleep(0)  # like the real one: errors come from the first __anext__
             words = _checked_prompt_words(request)
+            if words[0] == "busy":
+                raise ResourceExhausted("the queue is full; retry shortly")
             count, finish = _plan(request, len(words))
             for i in range(count):
                 word = words[i % len(words)]
