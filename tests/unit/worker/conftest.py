@@ -8,10 +8,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from services.tokenizer.loader import load_tokenizer
 from services.worker.kv_cache import PagedKVCache
 from services.worker.model.loader import LoadedModel, default_path, load_model
 from services.worker.model_runner import ModelRunner
-from tests.unit.worker.gguf_tokenizer import tokenizer_from_gguf
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +21,7 @@ def smollm() -> LoadedModel:
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Tokenizer:
-    return tokenizer_from_gguf(default_path())
+    return load_tokenizer(default_path()).tokenizer
 
 
 RunnerFactory = Callable[..., ModelRunner]
