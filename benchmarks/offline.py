@@ -35,8 +35,9 @@ def to_plan(step: ScheduledStep) -> StepPlan:
 
 class OfflineEngine:
     def __init__(self, runner: ModelRunner, limits: SchedulerLimits) -> None:
+        """Prefix caching is on or off as limits.enable_prefix_caching says."""
         self.runner = runner
-        kv = KVCacheManager(BlockPool(runner.num_blocks), runner.block_size)
+        kv = KVCacheManager(BlockPool(runner.num_blocks), runner.block_size, runner.fingerprint)
         self.scheduler = Scheduler(
             limits, kv, runner.max_model_len, frozenset(runner.eos_token_ids)
         )

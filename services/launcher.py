@@ -1,5 +1,6 @@
 """`make run`: start the four services as separate processes, wait until each is ready, and
-stop them all on Ctrl-C (or when any of them dies).
+stop them all on Ctrl-C (or when any of them dies). One model by default; several, with
+replicas and aliases, from a config file (`--config FILE`, see services/stack_file.py).
 
 Also used by the end-to-end tests and benchmarks: `Stack(...).start()` / `.stop()`.
 """
@@ -22,6 +23,7 @@ import grpc
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.env import env_int, env_str
+from services.stack_file import ModelSpec, read_stack_file
 
 log = logging.getLogger("layerserve")
 
@@ -32,15 +34,33 @@ class StackConfig:
     grpc_port: int = 50051
     tokenizer_port: int = 50059
     scheduler_port: int = 50060
-    worker_ports: tuple[int, ...] = (50061,)
+    worker_ports: tuple[int, ...] = (50061,)  # one per worker, models in order
     model_name: str = "smollm2-135m-instruct"
     model_path: str | None = None
     null_worker: bool = False
-    worker_args: list[str] = field(default_factory=list)
+    worker_args: list[str] = field(default_factory=list)  # for every worker
+    # Several models: replaces model_name/model_path (worker_ports then has one port per
+    # replica, in order). Empty: the one model above, one worker per port.
+    models: tuple[ModelSpec, ...] = ()
+    aliases_file: Path | None = None  # a TOML file with an [aliases] table, for the scheduler
     scheduler_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None  # None: children log to this process's stderr
     env: dict[str, str] = field(default_factory=dict)  # added to the children's environment
     ready_timeout: float = 300.0
+
+    def model_specs(self) -> tuple[ModelSpec, ...]:
+        if self.models:
+            return self.models
+        return (ModelSpec(self.model_name, self.model_path, len(self.worker_ports)),)
+
+    def placements(self) -> list[tuple[ModelSpec, int]]:
+        """(model, port) of every worker process."""
+        specs = [spec for spec in self.model_specs() for _ in range(spec.replicas)]
+        if len(specs) != len(self.worker_ports):
+            raise ValueError(
+                f"{len(specs)} worker replicas but {len(self.worker_ports)} worker ports"
+            )
+        return list(zip(specs, self.worker_ports, strict=True))
 
 
 class Stack:
@@ -56,23 +76,27 @@ class Stack:
     def start(self) -> None:
         c = self.config
         try:
-            for i, port in enumerate(c.worker_ports):
-                self._spawn(f"worker{i}", "services.worker", self._worker_args(port))
+            for i, (spec, port) in enumerate(c.placements()):
+                self._spawn(f"worker{i}", "services.worker", self._worker_args(spec, port))
             workers = [arg for p in c.worker_ports for arg in ("--worker", f"127.0.0.1:{p}")]
+            aliases = ["--aliases", str(c.aliases_file)] if c.aliases_file else []
             self._spawn(
                 "scheduler",
                 "services.scheduler",
-                ["--port", str(c.scheduler_port), *workers, *c.scheduler_args],
+                ["--port", str(c.scheduler_port), *workers, *aliases, *c.scheduler_args],
             )
-            model = c.model_name + (f"={c.model_path}" if c.model_path else "")
+            models = [
+                arg
+                for spec in c.model_specs()
+                for arg in ("--model", spec.name + (f"={spec.path}" if spec.path else ""))
+            ]
             self._spawn(
                 "tokenizer",
                 "services.tokenizer",
                 [
                     "--port",
                     str(c.tokenizer_port),
-                    "--model",
-                    model,
+                    *models,
                     "--scheduler",
                     f"127.0.0.1:{c.scheduler_port}",
                 ],
@@ -94,11 +118,11 @@ class Stack:
             self.stop()
             raise
 
-    def _worker_args(self, port: int) -> list[str]:
+    def _worker_args(self, spec: ModelSpec, port: int) -> list[str]:
         c = self.config
-        args = ["--port", str(port), "--model-name", c.model_name, *c.worker_args]
-        if c.model_path:
-            args += ["--model-path", c.model_path]
+        args = ["--port", str(port), "--model-name", spec.name, *c.worker_args, *spec.worker_args]
+        if spec.path:
+            args += ["--model-path", spec.path]
         if c.null_worker:
             args.append("--null")
         return args
@@ -120,9 +144,10 @@ class Stack:
     def _wait_ready(self) -> None:
         c = self.config
         deadline = time.monotonic() + c.ready_timeout
+        names = [spec.name for spec in c.model_specs()]
         checks = [
-            ("scheduler", lambda: _serves(_scheduler_models(c.scheduler_port), c.model_name)),
-            ("tokenizer", lambda: _serves(_tokenizer_models(c.tokenizer_port), c.model_name)),
+            ("scheduler", lambda: _serves(_scheduler_models(c.scheduler_port), names)),
+            ("tokenizer", lambda: _serves(_tokenizer_models(c.tokenizer_port), names)),
             ("gateway", lambda: _http_ok(f"{self.http_url}/health")),
         ]
         for name, check in checks:
@@ -166,8 +191,8 @@ def _safe(check) -> bool:
         return False
 
 
-def _serves(models: list[str], name: str) -> bool:
-    return name in models
+def _serves(models: list[str], names: list[str]) -> bool:
+    return set(names) <= set(models)
 
 
 def _scheduler_models(port: int) -> list[str]:
@@ -201,26 +226,44 @@ def parse_args(argv: list[str] | None = None) -> StackConfig:
         default=env_int("INTERNAL_PORT_BASE", 50059),
         help="tokenizer on BASE, scheduler on BASE+1, workers from BASE+2",
     )
-    p.add_argument("--workers", type=int, default=1, help="worker replicas of the model")
-    p.add_argument("--model-name", default=env_str("MODEL_NAME", "smollm2-135m-instruct"))
     p.add_argument(
-        "--model-path",
-        default=env_str("MODEL_PATH", "") or None,
-        help="a .gguf file or a Llama checkpoint directory (default: SmolLM2-135M)",
+        "--config",
+        metavar="FILE",
+        help="a TOML file of models (name, path, replicas, worker_args) and aliases; "
+        "replaces --workers, --model-name and --model-path (see configs/two-models.toml)",
+    )
+    p.add_argument("--workers", type=int, help="worker replicas of the model (default 1)")
+    p.add_argument("--model-name", help="default: smollm2-135m-instruct")
+    p.add_argument(
+        "--model-path", help="a .gguf file or a Llama checkpoint directory (default: SmolLM2-135M)"
     )
     p.add_argument("--null-worker", action="store_true", help="workers without a model")
     a = p.parse_args(argv)
     base = a.internal_port_base
-    return StackConfig(
+    config = StackConfig(
         http_port=a.http_port,
         grpc_port=a.grpc_port,
         tokenizer_port=base,
         scheduler_port=base + 1,
-        worker_ports=tuple(base + 2 + i for i in range(a.workers)),
-        model_name=a.model_name,
-        model_path=a.model_path,
         null_worker=a.null_worker,
     )
+    if a.config:
+        if a.workers is not None or a.model_name or a.model_path:
+            p.error("--config takes the models from the file: drop --workers/--model-*")
+        try:
+            file = read_stack_file(a.config)
+        except (OSError, ValueError) as err:
+            p.error(str(err))
+        config.models = file.models
+        config.aliases_file = file.path
+        config.model_name = file.models[0].name
+        num_workers = sum(m.replicas for m in file.models)
+    else:
+        config.model_name = a.model_name or env_str("MODEL_NAME", "smollm2-135m-instruct")
+        config.model_path = a.model_path or env_str("MODEL_PATH", "") or None
+        num_workers = a.workers or 1
+    config.worker_ports = tuple(base + 2 + i for i in range(num_workers))
+    return config
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -234,10 +277,10 @@ def main(argv: list[str] | None = None) -> None:
         stack.start()
         log.info(
             "layerserve is up: OpenAI API at http://127.0.0.1:%d/v1, gRPC at 127.0.0.1:%d "
-            "(model %s). Ctrl-C stops it.",
+            "(models %s). Ctrl-C stops it.",
             config.http_port,
             config.grpc_port,
-            config.model_name,
+            ", ".join(spec.name for spec in config.model_specs()),
         )
         while True:
             stack.check_alive()

@@ -66,6 +66,7 @@ class GenerationDelta:
     prompt_tokens: int = 0
     completion_tokens: int = 0  # total so far
     cached_tokens: int = 0
+    model: str = ""  # the model that serves the request (an alias's target); "" = not said
 
 
 @dataclass(slots=True)

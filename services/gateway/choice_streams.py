@@ -137,4 +137,5 @@ def merge_deltas(deltas: list[GenerationDelta]) -> GenerationDelta:
         prompt_tokens=max(d.prompt_tokens for d in deltas),
         completion_tokens=max(d.completion_tokens for d in deltas),
         cached_tokens=max(d.cached_tokens for d in deltas),
+        model=next((d.model for d in deltas if d.model), ""),
     )

@@ -30,8 +30,10 @@ class ResponseBuilder:
         self.include_usage = parsed.include_usage
         self._id = parsed.response_id
         self._created = int(time.time()) if created is None else created
-        self._model = parsed.model
+        self._model = parsed.model  # as requested: maybe an alias
         n = len(parsed.requests)
+        # Per choice, the model that serves it (an alias's target), once a delta names it.
+        self._served = [""] * n
         self._wants_logprobs = parsed.requests[0].sampling.logprobs is not None
         self._started = [False] * n
         self._text_offsets = [0] * n
@@ -41,9 +43,10 @@ class ResponseBuilder:
         """The non-streaming object; results[i] is choice i's whole output as one delta."""
         for index, result in enumerate(results):
             self._usage.add(index, result)
+            self._served[index] = result.model
         choices = [self._full_choice(i, r) for i, r in enumerate(results)]
         return {
-            **self._envelope(self.kind.value),
+            **self._envelope(self.kind.value, self._response_model()),
             "choices": choices,
             "usage": self._usage.as_json(),
         }
@@ -52,6 +55,8 @@ class ResponseBuilder:
         """The stream chunk for (possibly coalesced) deltas of one choice; None if it would say
         nothing (e.g. a token still waiting for the rest of its UTF-8 bytes)."""
         self._usage.add(index, delta)
+        if delta.model:
+            self._served[index] = delta.model
         first = not self._started[index]
         self._started[index] = True
         has_logprobs = self._wants_logprobs and bool(delta.logprobs)
@@ -62,22 +67,28 @@ class ResponseBuilder:
             if self.kind is RequestKind.CHAT
             else self._completion_choice(index, delta)
         )
-        body = {**self._envelope(_CHUNK_OBJECT[self.kind]), "choices": [choice]}
+        model = self._served[index] or self._model
+        body = {**self._envelope(_CHUNK_OBJECT[self.kind], model), "choices": [choice]}
         if self.include_usage:
             body["usage"] = None  # OpenAI: null on every chunk but the last
         return body
 
     def usage_chunk(self) -> JsonObject:
         """The last chunk when stream_options.include_usage: no choices, the whole usage."""
-        envelope = self._envelope(_CHUNK_OBJECT[self.kind])
+        envelope = self._envelope(_CHUNK_OBJECT[self.kind], self._response_model())
         return {**envelope, "choices": [], "usage": self._usage.as_json()}
 
-    def _envelope(self, object_name: str) -> JsonObject:
+    def _response_model(self) -> str:
+        """The model named for the whole response: the one that served the first choice. (An
+        alias routes each of n choices on its own; each stream chunk names its choice's.)"""
+        return next((m for m in self._served if m), self._model)
+
+    def _envelope(self, object_name: str, model: str) -> JsonObject:
         return {
             "id": self._id,
             "object": object_name,
             "created": self._created,
-            "model": self._model,
+            "model": model,
         }
 
     def _full_choice(self, index: int, result: GenerationDelta) -> JsonObject:

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import logging
 
-from layerserve.scheduler.v1 import scheduler_pb2_grpc
+from layerserve.scheduler.v1 import admin_pb2_grpc, scheduler_pb2_grpc
 from services.common.grpc_util import new_server
 from services.common.logs import setup_logging
 from services.common.serve import run_service, wait_for_shutdown
+from services.scheduler.admin_server import AdminServicer
+from services.scheduler.aliases import AliasTable, load_alias_file
+from services.scheduler.cache_feed import CacheFeed
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.router import Router
+from services.scheduler.routing import ReplicaPicker, RoutingMode
 from services.scheduler.scheduler import SchedulerLimits
 from services.scheduler.server import SchedulerServicer
+from services.scheduler.worker_admin import WorkerAdmin
 from services.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger("services.scheduler")
@@ -20,23 +25,46 @@ log = logging.getLogger("services.scheduler")
 async def main() -> None:
     config = SchedulerConfig.from_args()
     setup_logging("scheduler")
-    limits = SchedulerLimits(config.max_num_batched_tokens, config.max_num_seqs)
+    limits = SchedulerLimits(
+        config.max_num_batched_tokens,
+        config.max_num_seqs,
+        max_waiting=config.max_waiting,
+        max_queue_wait_s=config.max_queue_wait_s,
+        enable_prefix_caching=config.enable_prefix_caching,
+    )
+    aliases = AliasTable(load_alias_file(config.aliases_file) if config.aliases_file else [])
     links: list[WorkerLink] = []
     router = Router(links)
-    servicer = SchedulerServicer(router)
-    links.extend(WorkerLink(address, limits, servicer.emit) for address in config.workers)
+    servicer = SchedulerServicer(router, aliases)
+    feed = CacheFeed(lambda: router.all_links, config.redis_url, config.prefix_index_ttl_s)
+    router.picker = ReplicaPicker(RoutingMode(config.routing), feed.view)
+
+    def make_link(address: str) -> WorkerLink:
+        link = WorkerLink(address, limits, servicer.emit)
+        link.cache_events = feed.listener(link)
+        return link
+
+    links.extend(make_link(address) for address in config.workers)
+    feed.start()
     for link in links:
         link.start()
     server = new_server()
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
+    admin = AdminServicer(
+        WorkerAdmin(router, make_link, servicer.emit), router, aliases, config.admin_key
+    )
+    admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
     address = f"{config.host}:{config.port}"
     server.add_insecure_port(address)
     await server.start()
     log.info("scheduler serving on %s for workers %s", address, ", ".join(config.workers))
+    if not config.admin_key:
+        log.info("the admin API is disabled (set LAYERSERVE_ADMIN_KEY to enable it)")
     await wait_for_shutdown()
     await server.stop(grace=2)
-    for link in links:
+    for link in router.all_links:
         await link.stop()
+    await feed.stop()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ def admit(
     priority: int,
     trace_context: dict[str, str],
     limits: ModelLimits,
+    tenant: str = "",
 ) -> Request:
     """Raises InvalidArgument when the request can never run on this model."""
     if not request_id:
@@ -75,5 +76,6 @@ def admit(
         sampling=sampling,
         stop_token_ids=stops,
         priority=priority,
+        tenant=tenant,
         trace_context=trace_context,
     )

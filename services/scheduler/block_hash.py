@@ -26,8 +26,13 @@ def chain_hash(parent: BlockHash, token_ids: list[int]) -> BlockHash:
     return h.digest()
 
 
-def block_hashes(token_ids: list[int], block_size: int, model_fingerprint: str,
-                 start: int = 0, parent: BlockHash | None = None) -> list[BlockHash]:
+def block_hashes(
+    token_ids: list[int],
+    block_size: int,
+    model_fingerprint: str,
+    start: int = 0,
+    parent: BlockHash | None = None,
+) -> list[BlockHash]:
     """Hashes of the full blocks of token_ids, from block index `start` (whose parent hash is
     `parent`, or the root when start is 0). Cost: one blake2b per full block."""
     hashes: list[BlockHash] = []

@@ -1,30 +1,125 @@
 """The KV blocks of one worker, by id. The scheduler owns this accounting; the worker only
-stores what it is told to store where it is told."""
+stores what it is told to store where it is told.
+
+A block is in one of three places:
+- held: one or more requests reference it (ref count > 0);
+- free: unreferenced and holding nothing worth keeping;
+- evictable: unreferenced but cached (its hash is known, so a later request with the same
+  prefix can take it back as is), in least-recently-freed order.
+
+Allocation takes plain free blocks first and evicts cached ones, oldest first, only when no
+plain block is left, so the cache keeps everything it can until memory is actually needed.
+"""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+
+from services.scheduler.block_hash import BlockHash
+from services.scheduler.cache_events import CacheEventListener
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, listener: CacheEventListener | None = None) -> None:
         if num_blocks <= 0:
             raise ValueError(f"a worker needs at least one KV block, got {num_blocks}")
         self.num_blocks = num_blocks
+        self.listener = listener
         self._free: deque[int] = deque(range(num_blocks))
+        self._refs = [0] * num_blocks
+        self._block_of: dict[BlockHash, int] = {}
+        self._hash_of: dict[int, BlockHash] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # least recently freed first
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks an allocation can get: free ones and cached ones nobody references."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._block_of)
+
+    def ref_count(self, block_id: int) -> int:
+        return self._refs[block_id]
 
     def can_allocate(self, count: int) -> bool:
-        return count <= len(self._free)
+        return count <= self.num_free
 
     def allocate(self, count: int) -> list[int]:
+        """Fresh blocks, each referenced once. Evicts cached blocks only when needed."""
         if not self.can_allocate(count):
-            raise RuntimeError(f"asked for {count} blocks with {len(self._free)} free")
-        return [self._free.popleft() for _ in range(count)]
+            raise RuntimeError(f"asked for {count} blocks with {self.num_free} free")
+        blocks, evicted = [], []
+        for _ in range(count):
+            if self._free:
+                block = self._free.popleft()
+            else:
+                block, _ = self._evictable.popitem(last=False)
+                evicted.append(self._uncache(block))
+            self._refs[block] = 1
+            blocks.append(block)
+        if evicted and self.listener is not None:
+            self.listener.blocks_removed(evicted)
+        return blocks
 
-    def free(self, block_ids: list[int]) -> None:
-        self._free.extend(block_ids)
-        assert len(self._free) <= self.num_blocks, "a block was freed twice"
+    def free(self, block_ids: Iterable[int]) -> None:
+        """Drops one reference from each block, in the order given: unreferenced cached blocks
+        join the eviction order at its most-recent end, others the free list."""
+        for block in block_ids:
+            self._refs[block] -= 1
+            assert self._refs[block] >= 0, f"block {block} was freed twice"
+            if self._refs[block] > 0:
+                continue
+            if block in self._hash_of:
+                self._evictable[block] = None
+            else:
+                self._free.append(block)
+
+    # -- the cache -------------------------------------------------------------------------
+
+    def cached_block(self, block_hash: BlockHash) -> int | None:
+        return self._block_of.get(block_hash)
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Takes a reference on cached blocks a request reuses; they can no longer be evicted."""
+        for block in block_ids:
+            if self._refs[block] == 0:
+                del self._evictable[block]
+            self._refs[block] += 1
+
+    def cache(self, block_ids: list[int], hashes: list[BlockHash]) -> None:
+        """Makes held, fully computed blocks reusable under their hashes. A hash already cached
+        in another block (two requests computed the same prefix at once) keeps that block;
+        this one stays private and returns to the free list when released."""
+        stored = []
+        for block, block_hash in zip(block_ids, hashes, strict=True):
+            assert self._refs[block] > 0, f"caching block {block} that nobody holds"
+            if block_hash in self._block_of or block in self._hash_of:
+                continue
+            self._block_of[block_hash] = block
+            self._hash_of[block] = block_hash
+            stored.append(block_hash)
+        if stored and self.listener is not None:
+            self.listener.blocks_stored(stored)
+
+    def cached_hashes(self) -> list[BlockHash]:
+        """Every hash the pool can serve now (for a listener that lost track and resyncs)."""
+        return list(self._block_of)
+
+    def drop_cache(self) -> None:
+        """Forgets every cached block (the worker's KV cache is gone): evictable blocks become
+        plain free blocks, held ones will be when released."""
+        dropped = list(self._block_of)
+        self._block_of.clear()
+        self._hash_of.clear()
+        self._free.extend(self._evictable)
+        self._evictable.clear()
+        if dropped and self.listener is not None:
+            self.listener.blocks_removed(dropped)
+
+    def _uncache(self, block: int) -> BlockHash:
+        block_hash = self._hash_of.pop(block)
+        del self._block_of[block_hash]
+        return block_hash

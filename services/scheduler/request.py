@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from services.common.sampling import SamplingOptions
+from services.scheduler.block_hash import BlockHash
 
 
 class Status(enum.Enum):
@@ -33,8 +34,9 @@ class Request:
     sampling: SamplingOptions
     stop_token_ids: frozenset[int]
     priority: int = 0
+    tenant: str = ""  # non-secret id of the caller's API key; "" = anonymous
     trace_context: dict[str, str] = field(default_factory=dict)
-    arrival: float = field(default_factory=time.monotonic)
+    arrival: float = field(default_factory=time.monotonic)  # restamped by Scheduler.add
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -43,6 +45,14 @@ class Request:
     finish_reason: FinishReason | None = None
     on_worker: bool = False  # the worker holds its state (it was sent in full)
     num_preemptions: int = 0
+    started: bool = False  # admitted to run at least once (a preempted request has)
+    # Prefix caching: the chained hashes of the full blocks of the known tokens (a router may
+    # precompute them; the KVCacheManager extends them as blocks fill), how many leading
+    # blocks of block_ids are in the cache, and the prompt tokens served from the cache at
+    # first admission (reported to the client as cached_tokens).
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    num_cached_tokens: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -63,7 +73,3 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
-
-    def sort_key(self) -> tuple[int, float]:
-        """Queue order: higher priority first, then first come first served."""
-        return (-self.priority, self.arrival)

@@ -5,16 +5,29 @@ Each request has num_computed_tokens; every step assigns it tokens so that it ca
 its known tokens: a prompt (in chunks when the budget is short), then one token per step.
 Running requests are served first; when blocks run out, the lowest-priority, most recent
 running request is preempted (its blocks freed, recomputed later) so the others go on.
+
+With prefix caching, a request starts with num_computed_tokens = the tokens of its longest
+cached prefix (blocks computed by earlier requests, or by itself before a preemption). Blocks
+join the cache only once the step that computed them has returned (update()), so no request
+ever reads a block whose KV is still being written.
+
+Waiting requests start in WaitingQueue order (priority, then fairness across tenants). The
+queue is bounded (add() raises ResourceExhausted beyond max_waiting) and so is the wait of a
+request that never started (expire() ends it after max_queue_wait_s).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
+import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from services.common.errors import ResourceExhausted
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import FinishReason, Request, Status
+from services.scheduler.waiting_queue import WaitingQueue
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +36,9 @@ log = logging.getLogger(__name__)
 class SchedulerLimits:
     max_num_batched_tokens: int = 1024  # tokens computed in one step, all requests together
     max_num_seqs: int = 64  # requests running at once
+    max_waiting: int = 1024  # requests queued to start; beyond, submits are rejected
+    max_queue_wait_s: float = 600.0  # a request not started after this long ends with an error
+    enable_prefix_caching: bool = True
 
 
 @dataclass(slots=True)
@@ -54,29 +70,66 @@ class Scheduler:
         kv: KVCacheManager,
         max_model_len: int,
         eos_token_ids: frozenset[int],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits
         self.kv = kv
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
-        self.waiting: list[Request] = []  # kept in Request.sort_key order
+        self.clock = clock
+        self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        self._never_started: dict[str, Request] = {}  # in arrival order, for expire()
+        self._in_flight: list[Request] = []  # scheduled in the step not yet updated
         self._forget_on_worker: list[str] = []
         self.num_steps = 0
         self.num_preemptions = 0
+        self.num_rejected = 0  # submits refused because the queue was full
+        self.num_expired = 0  # requests ended after waiting too long to start
+        # Prefix cache use: known tokens of the requests started (or resumed) with caching on,
+        # and how many of those had their KV in the cache (hit rate = hits / queries).
+        self.num_prefix_query_tokens = 0
+        self.num_prefix_hit_tokens = 0
 
     # -- requests in and out -------------------------------------------------------------
 
+    def can_add(self) -> bool:
+        return len(self.waiting) < self.limits.max_waiting
+
     def add(self, request: Request) -> None:
+        """Queues a request. Raises ResourceExhausted when max_waiting requests already wait."""
+        if not self.can_add():
+            self.num_rejected += 1
+            raise ResourceExhausted(
+                f"the queue is full ({self.limits.max_waiting} requests waiting for this "
+                "model's worker); retry after a short delay"
+            )
+        request.arrival = self.clock()
         self.requests[request.request_id] = request
-        bisect.insort(self.waiting, request, key=Request.sort_key)
+        self._never_started[request.request_id] = request
+        self.waiting.add(request)
 
     def abort(self, request_id: str) -> Request | None:
         request = self.requests.get(request_id)
         if request is not None:
             self._finish(request, FinishReason.ABORT)
         return request
+
+    def expire(self) -> list[Request]:
+        """Ends the requests that have waited max_queue_wait_s or longer without starting.
+        Returns them (finish_reason ERROR) for the caller to report as DEADLINE_EXCEEDED."""
+        deadline = self.clock() - self.limits.max_queue_wait_s
+        expired = []
+        for request in self._never_started.values():
+            if request.arrival > deadline:
+                break  # arrival order: the rest are younger
+            expired.append(request)
+        for request in expired:
+            log.warning("%s waited too long to start; ending it", request.request_id)
+            self._finish(request, FinishReason.ERROR)
+        self.num_expired += len(expired)
+        return expired
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._forget_on_worker)
@@ -99,6 +152,7 @@ class Scheduler:
             request.num_computed_tokens += num_new
         for request, num_new, _ in step.running:
             request.num_computed_tokens += num_new
+        self._in_flight = [r for r, _ in step.new] + [r for r, _, _ in step.running]
         if not step.is_empty:
             self.num_steps += 1
         return step
@@ -123,10 +177,10 @@ class Scheduler:
         self, request: Request, num_new: int, scheduled: set[str]
     ) -> list[int] | None:
         """Victims are running requests not yet given tokens in this step (the request itself
-        included): the lowest priority, then the most recent."""
+        included): the lowest priority, then the most recent (ties: the last started)."""
         while (new_blocks := self.kv.allocate_slots(request, num_new)) is None:
             victim = max(
-                (r for r in self.running if r.request_id not in scheduled),
+                (r for r in reversed(self.running) if r.request_id not in scheduled),
                 key=lambda r: (-r.priority, r.arrival),
             )
             self._preempt(victim)
@@ -135,20 +189,41 @@ class Scheduler:
         return new_blocks
 
     def _schedule_waiting(self, step: ScheduledStep, budget: int) -> None:
+        running_per_tenant = Counter(r.tenant for r in self.running)
         while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
-            request = self.waiting[0]
-            num_new = min(request.num_tokens_to_compute, budget)
-            if self.kv.allocate_slots(request, num_new) is None:
-                break  # head-of-line waits for blocks, keeping the queue order fair
-            self.waiting.pop(0)
-            request.status = Status.RUNNING
-            self.running.append(request)
+            request = self.waiting.peek(running_per_tenant)
+            assert request is not None
+            cached = self._cached_prefix(request)
+            num_cached = len(cached) * self.kv.block_size
+            num_new = min(request.num_tokens - num_cached, budget)
+            if self.kv.allocate_slots(request, num_new, cached) is None:
+                break  # the next request waits for blocks, keeping the queue order fair
+            self.waiting.remove(request)
+            self._start(request, num_cached)
+            running_per_tenant[request.tenant] += 1
             if request.on_worker:  # cannot happen for waiting requests; kept explicit
                 step.running.append((request, num_new, list(request.block_ids)))
             else:
                 request.on_worker = True
                 step.new.append((request, num_new))
             budget -= num_new
+
+    def _cached_prefix(self, request: Request) -> list[int]:
+        if not self.limits.enable_prefix_caching:
+            return []
+        return self.kv.find_cached_prefix(request)
+
+    def _start(self, request: Request, num_cached: int) -> None:
+        request.status = Status.RUNNING
+        request.num_computed_tokens = num_cached
+        self.running.append(request)
+        if self.limits.enable_prefix_caching:
+            self.num_prefix_query_tokens += request.num_tokens
+            self.num_prefix_hit_tokens += num_cached
+        if not request.started:
+            request.started = True
+            request.num_cached_tokens = num_cached
+            del self._never_started[request.request_id]
 
     def _preempt(self, request: Request) -> None:
         log.info("preempting %s to free %d blocks", request.request_id, len(request.block_ids))
@@ -161,13 +236,19 @@ class Scheduler:
         if request.on_worker:
             request.on_worker = False
             self._forget_on_worker.append(request.request_id)
-        bisect.insort(self.waiting, request, key=Request.sort_key)
+        self.waiting.add(request)
 
     # -- results -----------------------------------------------------------------------------
 
     def update(self, samples: list[Sample]) -> list[tuple[Request, Sample]]:
-        """Applies a step's sampled tokens. Returns the requests that got a token (finished ones
-        carry their finish_reason); tokens of requests aborted meanwhile are dropped."""
+        """Applies a step's results: its computed blocks join the prefix cache, then its sampled
+        tokens are appended. Returns the requests that got a token (finished ones carry their
+        finish_reason); tokens of requests aborted meanwhile are dropped."""
+        if self.limits.enable_prefix_caching:
+            for request in self._in_flight:
+                if request.status is Status.RUNNING:
+                    self.kv.cache_computed(request)
+        self._in_flight = []
         updated = []
         for sample in samples:
             request = self.requests.get(sample.request_id)
@@ -181,11 +262,14 @@ class Scheduler:
         return updated
 
     def fail_all(self) -> list[Request]:
-        """Ends every request (the worker failed). Returns them for error reporting."""
+        """Ends every request (the worker failed, and its KV cache with it). Returns them for
+        error reporting."""
         failed = list(self.requests.values())
         for request in failed:
             self._finish(request, FinishReason.ERROR)
         self._forget_on_worker = []
+        self._in_flight = []
+        self.kv.drop_cache()
         return failed
 
     def _stop_reason(self, request: Request, token_id: int) -> FinishReason | None:
@@ -200,6 +284,7 @@ class Scheduler:
     def _finish(self, request: Request, reason: FinishReason) -> None:
         if request.status is Status.WAITING:
             self.waiting.remove(request)
+            self._never_started.pop(request.request_id, None)
         elif request.status is Status.RUNNING:
             self.running.remove(request)
         else:

@@ -10,6 +10,8 @@ from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import LayerserveError, code_number
 from services.common.mux import Outbox, session_batches
+from services.scheduler.alias_proto import alias_to_proto
+from services.scheduler.aliases import AliasTable
 from services.scheduler.router import Router
 
 log = logging.getLogger(__name__)
@@ -18,9 +20,11 @@ RequestOutput = scheduler_pb2.RequestOutput
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, aliases: AliasTable | None = None) -> None:
         self._router = router
+        self._aliases = aliases if aliases is not None else AliasTable()
         self._outboxes: dict[str, Outbox[RequestOutput]] = {}  # request id -> its session's
+        self._models: dict[str, str] = {}  # request id -> the model serving it
 
     def emit(self, outputs: list[RequestOutput]) -> None:
         """Called by worker links after each step: route outputs to their sessions."""
@@ -28,9 +32,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             outbox = self._outboxes.get(output.request_id)
             if outbox is None:
                 continue
+            output.model = self._models.get(output.request_id, "")
             outbox.put(output)
             if output.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
                 del self._outboxes[output.request_id]
+                self._models.pop(output.request_id, None)
                 self._router.forget(output.request_id)
 
     async def Session(
@@ -46,6 +52,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             reader.cancel()
             for request_id in self._open(mine):
                 self._outboxes.pop(request_id, None)
+                self._models.pop(request_id, None)
                 self._router.abort(request_id)
 
     def _open(self, mine: set[str]) -> list[str]:
@@ -56,6 +63,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         async for msg in request_iterator:
             for request_id in msg.aborts:
                 if self._outboxes.pop(request_id, None) is not None:
+                    self._models.pop(request_id, None)
                     self._router.abort(request_id)
             for submit in msg.submits:
                 self._submit(submit, outbox, mine)
@@ -65,16 +73,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             outbox.put(_error(submit.request_id, "duplicate request_id", code=3))
             return
         self._outboxes[submit.request_id] = outbox
+        self._models[submit.request_id] = submit.model
         mine.add(submit.request_id)
         try:
             self._router.submit(submit)
         except LayerserveError as err:
             del self._outboxes[submit.request_id]
+            del self._models[submit.request_id]
             outbox.put(_error(submit.request_id, err.message, code=code_number(err)))
 
     async def GetStats(self, request, context) -> scheduler_pb2.SchedulerStats:
         stats = scheduler_pb2.SchedulerStats()
-        for link in self._router.links:
+        for link in self._router.all_links:
             s, info = link.scheduler, link.info
             if s is None or info is None or (request.model and request.model != info.model):
                 continue
@@ -93,9 +103,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def ListModels(self, request, context) -> scheduler_pb2.ListModelsResponse:
         return scheduler_pb2.ListModelsResponse(
             models=[
-                scheduler_pb2.ModelInfo(id=name, max_model_len=length)
-                for name, length in sorted(self._router.models().items())
-            ]
+                scheduler_pb2.ModelInfo(
+                    id=m.name, max_model_len=m.max_model_len, path=m.path, replicas=m.replicas
+                )
+                for m in self._router.models()
+            ],
+            aliases=[alias_to_proto(alias) for alias in self._aliases.list()],
         )
 
 

@@ -14,6 +14,7 @@ from layerserve.scheduler.v1 import scheduler_pb2
 from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.grpc_util import new_channel
 from services.scheduler.block_pool import BlockPool
+from services.scheduler.cache_events import CacheEventListener
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import FinishReason, Request
 from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
@@ -60,6 +61,7 @@ def output_for(request: Request, sample: Sample) -> scheduler_pb2.RequestOutput:
         request_id=request.request_id,
         token_ids=[sample.token_id],
         prompt_tokens=request.num_prompt_tokens,
+        cached_tokens=request.num_cached_tokens,
     )
     if sample.logprob is not None:
         out.logprobs.append(sample.logprob)
@@ -77,10 +79,18 @@ def error_output(request_id: str, code: grpc.StatusCode, message: str):
 
 
 class WorkerLink:
-    def __init__(self, address: str, limits: SchedulerLimits, emit: Emit) -> None:
+    def __init__(
+        self,
+        address: str,
+        limits: SchedulerLimits,
+        emit: Emit,
+        cache_events: CacheEventListener | None = None,
+    ) -> None:
         self.address = address
         self.limits = limits
         self._emit = emit
+        # Told about every block this worker's prefix cache stores or evicts (a prefix index).
+        self.cache_events = cache_events
         self._channel = new_channel(address)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
         self.info: worker_pb2.WorkerInfo | None = None
@@ -108,6 +118,7 @@ class WorkerLink:
         await self._channel.close()
 
     def submit(self, request: Request) -> None:
+        """Raises ResourceExhausted when the worker's queue is full."""
         assert self.scheduler is not None, "submit to a link that is not ready"
         self.scheduler.add(request)
         self._wakeup.set()
@@ -123,12 +134,17 @@ class WorkerLink:
                 await self._step_loop()
             except grpc.aio.AioRpcError as err:
                 log.warning("worker %s: %s", self.address, err.details() or err.code().name)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not strand the link: fail its requests, reconnect
+                log.exception("worker %s: step loop failed", self.address)
             self._fail_all(f"worker {self.address} became unavailable")
             await asyncio.sleep(RECONNECT_SECONDS)
 
     async def _connect(self) -> None:
         self.info = await self._stub.Describe(worker_pb2.DescribeRequest(), wait_for_ready=True)
-        kv = KVCacheManager(BlockPool(self.info.num_blocks), self.info.block_size)
+        pool = BlockPool(self.info.num_blocks, listener=self.cache_events)
+        kv = KVCacheManager(pool, self.info.block_size, self.info.model_fingerprint)
         eos = frozenset(self.info.eos_token_ids)
         self.scheduler = Scheduler(self.limits, kv, self.info.max_model_len, eos)
         log.info(
@@ -143,8 +159,16 @@ class WorkerLink:
         assert self.scheduler is not None
         scheduler = self.scheduler
         call = self._stub.Execute()
+        # A worker that dies while the link is idle ends the call: wake up to notice, so the
+        # link leaves rotation (ready is False) before a request is routed to a dead worker.
+        call.add_done_callback(lambda _: self._wakeup.set())
         try:
             while True:
+                if call.done():
+                    raise grpc.aio.AioRpcError(
+                        grpc.StatusCode.UNAVAILABLE, None, None, "the worker closed the step stream"
+                    )
+                self._expire()
                 if not scheduler.has_work():
                     self._wakeup.clear()
                     await self._wakeup.wait()
@@ -181,6 +205,17 @@ class WorkerLink:
         updated = self.scheduler.update(samples)
         if updated:
             self._emit([output_for(request, sample) for request, sample in updated])
+
+    def _expire(self) -> None:
+        assert self.scheduler is not None
+        expired = self.scheduler.expire()
+        if expired:
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
+            message = (
+                f"the request waited {self.limits.max_queue_wait_s:g}s in the queue without "
+                "starting: the server is overloaded; retry later"
+            )
+            self._emit([error_output(r.request_id, code, message) for r in expired])
 
     def _fail_all(self, message: str) -> None:
         if self.scheduler is None:

@@ -12,6 +12,7 @@ from services.common.serve import run_service, wait_for_shutdown
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.loader import load_tokenizer
 from services.tokenizer.server import TokenizerServicer
+from services.tokenizer.text_model import TextModel
 
 log = logging.getLogger("services.tokenizer")
 
@@ -20,12 +21,15 @@ async def main() -> None:
     config = TokenizerConfig.from_args()
     setup_logging("tokenizer")
     models = {}
+    by_path: dict[str | None, TextModel] = {}  # a tokenizer is immutable: names may share one
     for name, path in config.models:
         started = time.perf_counter()
-        models[name] = load_tokenizer(path)
+        if path not in by_path:
+            by_path[path] = load_tokenizer(path)
+        models[name] = by_path[path]
         log.info("loaded the tokenizer of %s in %.1fs", name, time.perf_counter() - started)
     server = new_server()
-    servicer = TokenizerServicer(models, config.scheduler, config.threads)
+    servicer = TokenizerServicer(models, config.scheduler, config.threads, config.catalog_ttl)
     tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server)
     address = f"{config.host}:{config.port}"
     server.add_insecure_port(address)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from services.common.env import env_int, env_list, env_str
+from services.common.env import env_float, env_int, env_list, env_str
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -17,6 +17,7 @@ class TokenizerConfig:
     scheduler: str
     models: tuple[tuple[str, str | None], ...]  # (served name, path or None for the default)
     threads: int
+    catalog_ttl: float = 2.0  # seconds between refreshes of the scheduler's models and aliases
 
     def __post_init__(self) -> None:
         names = [name for name, _ in self.models]
@@ -24,6 +25,8 @@ class TokenizerConfig:
             raise ValueError(f"a model name is given twice: {names}")
         if self.threads < 1:
             raise ValueError(f"--threads must be positive, got {self.threads}")
+        if not self.catalog_ttl > 0:
+            raise ValueError(f"--catalog-ttl must be positive, got {self.catalog_ttl}")
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> TokenizerConfig:
@@ -45,9 +48,18 @@ class TokenizerConfig:
             default=env_int("TOKENIZER_THREADS", 2),
             help="threads that tokenize prompts off the event loop",
         )
+        p.add_argument(
+            "--catalog-ttl",
+            type=float,
+            default=env_float("TOKENIZER_CATALOG_TTL", 2.0),
+            help="seconds the scheduler's list of models and aliases is cached (an unknown "
+            "model name refreshes it at once); a model it serves without a tokenizer here gets "
+            "one loaded from the path its workers report",
+        )
         a = p.parse_args(argv)
         specs = a.models or env_list("TOKENIZER_MODELS") or [DEFAULT_MODEL]
-        return cls(a.host, a.port, a.scheduler, tuple(_parse_model(s) for s in specs), a.threads)
+        models = tuple(_parse_model(s) for s in specs)
+        return cls(a.host, a.port, a.scheduler, models, a.threads, a.catalog_ttl)
 
 
 def _parse_model(spec: str) -> tuple[str, str | None]:

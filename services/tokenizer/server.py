@@ -8,14 +8,15 @@ import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
-
 from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
-from services.common.errors import LayerserveError, NotFound, code_number
+from services.common.errors import LayerserveError, code_number
 from services.common.grpc_util import call_domain, new_channel
 from services.common.mux import MuxClient, MuxProtocol, Outbox, session_batches
+from services.tokenizer.alias_route import AliasRoute, LengthRoute, WeightedRoute
+from services.tokenizer.loader import load_tokenizer
+from services.tokenizer.model_catalog import ModelCatalog, ServedModel, StackView
 from services.tokenizer.text_model import TextModel
 from services.tokenizer.text_stream import TextStream
 
@@ -46,10 +47,30 @@ def error_output(request_id: str, err: LayerserveError) -> GenerateOutput:
     )
 
 
+def route_from_proto(alias: scheduler_pb2.Alias) -> AliasRoute:
+    if alias.WhichOneof("route") == "weighted":
+        return WeightedRoute([(t.model, t.weight) for t in alias.weighted.targets])
+    return LengthRoute(tuple((t.max_prompt_tokens, t.model) for t in alias.by_prompt_length.tiers))
+
+
+def view_from_proto(response: scheduler_pb2.ListModelsResponse) -> StackView:
+    return StackView(
+        models={m.id: ServedModel(m.id, m.max_model_len, m.path) for m in response.models},
+        aliases={a.name: route_from_proto(a) for a in response.aliases},
+    )
+
+
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
-    def __init__(self, models: dict[str, TextModel], scheduler_address: str, threads: int) -> None:
-        self._models = models
+    def __init__(
+        self,
+        models: dict[str, TextModel],
+        scheduler_address: str,
+        threads: int,
+        catalog_ttl: float = 2.0,
+    ) -> None:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
+        # Loading a tokenizer takes seconds: never in the pool that tokenizes prompts.
+        self._load_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-tokenizer")
         self._channel = new_channel(scheduler_address)
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._mux: MuxClient = MuxClient(
@@ -64,37 +85,57 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 peer="scheduler",
             )
         )
+        self._catalog = ModelCatalog(models, self._fetch_view, self._load, catalog_ttl)
 
-    def _model(self, name: str) -> TextModel:
-        model = self._models.get(name)
-        if model is None:
-            raise NotFound(f"The model `{name}` does not exist.", param="model")
-        return model
+    async def _fetch_view(self) -> StackView:
+        response = await self._scheduler.ListModels(scheduler_pb2.ListModelsRequest(), timeout=5)
+        return view_from_proto(response)
+
+    async def _load(self, path: str | None) -> TextModel:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._load_pool, load_tokenizer, path)
+
+    async def _tokenize(self, model_name: str, msg) -> list[int]:
+        model = await self._catalog.text_model(model_name)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, tokenize, model, msg)
+
+    async def _prepare(self, request) -> tuple[str, TextModel, list[int]]:
+        """Resolves the request's model (an alias picks a target) and tokenizes the prompt
+        with the target's tokenizer. Returns the target, its tokenizer and the prompt ids."""
+        measured: dict[str, list[int]] = {}
+
+        async def measure(model_name: str) -> int:
+            measured[model_name] = await self._tokenize(model_name, request)
+            return len(measured[model_name])
+
+        target = await self._catalog.resolve(request.model, measure)
+        model = await self._catalog.text_model(target)
+        ids = measured.get(target)
+        if ids is None:
+            ids = await self._tokenize(target, request)
+        return target, model, ids
 
     async def Tokenize(self, request, context) -> tokenizer_pb2.TokenizeResponse:
+        """An alias tokenizes with its first target's tokenizer (no target is picked)."""
+
         async def run() -> tokenizer_pb2.TokenizeResponse:
-            model = self._model(request.model)
-            loop = asyncio.get_running_loop()
-            ids = await loop.run_in_executor(self._pool, tokenize, model, request)
+            found = await self._catalog.lookup(request.model)
+            ids = await self._tokenize(found if isinstance(found, str) else found.first, request)
             return tokenizer_pb2.TokenizeResponse(token_ids=ids)
 
         return await call_domain(context, run)
 
     async def ListModels(self, request, context) -> tokenizer_pb2.ListModelsResponse:
-        """Models with a tokenizer here that the scheduler also serves."""
-        try:
-            served = await self._scheduler.ListModels(scheduler_pb2.ListModelsRequest(), timeout=5)
-        except grpc.aio.AioRpcError as err:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, f"the scheduler is unavailable: {err.details()}"
+        """Models the scheduler serves (with a tokenizer here), and aliases over them."""
+
+        async def run() -> tokenizer_pb2.ListModelsResponse:
+            listing = await self._catalog.listing()
+            return tokenizer_pb2.ListModelsResponse(
+                models=[tokenizer_pb2.ModelInfo(id=n, max_model_len=m) for n, m in listing]
             )
-        return tokenizer_pb2.ListModelsResponse(
-            models=[
-                tokenizer_pb2.ModelInfo(id=m.id, max_model_len=m.max_model_len)
-                for m in served.models
-                if m.id in self._models
-            ]
-        )
+
+        return await call_domain(context, run)
 
     async def Session(
         self, request_iterator, context
@@ -129,9 +170,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         """Tokenizes off the event loop, then hands the request to the scheduler."""
         request_id = request.request_id
         try:
-            model = self._model(request.model)
-            loop = asyncio.get_running_loop()
-            prompt_ids = await loop.run_in_executor(self._pool, tokenize, model, request)
+            target, model, prompt_ids = await self._prepare(request)
         except LayerserveError as err:
             open_ids.discard(request_id)
             outbox.put(error_output(request_id, err))
@@ -148,7 +187,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         )
         submit = scheduler_pb2.Submit(
             request_id=request_id,
-            model=request.model,
+            model=target,
             prompt_token_ids=prompt_ids,
             sampling=request.sampling,
             max_tokens=request.max_tokens,
@@ -158,24 +197,26 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             trace=request.trace,
             tenant=request.tenant,
         )
-        sink = _Sink(request_id, stream, outbox, open_ids, self._mux)
+        sink = _Sink(request_id, target, stream, outbox, open_ids, self._mux)
         self._mux.submit(request_id, submit, sink)
 
 
 class _Sink:
     """Receives one request's outputs from the scheduler (inline, on the reading task)."""
 
-    __slots__ = ("request_id", "stream", "outbox", "open_ids", "mux")
+    __slots__ = ("request_id", "model_name", "stream", "outbox", "open_ids", "mux")
 
     def __init__(
         self,
         request_id: str,
+        model_name: str,
         stream: TextStream,
         outbox: Outbox,
         open_ids: set[str],
         mux: MuxClient,
     ) -> None:
         self.request_id = request_id
+        self.model_name = model_name  # the model serving it (an alias's target)
         self.stream = stream
         self.outbox = outbox
         self.open_ids = open_ids
@@ -193,6 +234,7 @@ class _Sink:
                     request_id=self.request_id,
                     finish_reason=output.finish_reason,
                     error=output.error,
+                    model=self.model_name,
                 )
             )
             return
@@ -211,6 +253,7 @@ class _Sink:
             prompt_tokens=self.stream.prompt_tokens,
             completion_tokens=self.stream.completion_tokens,
             cached_tokens=output.cached_tokens,
+            model=self.model_name,
         )
         for lp in output.logprobs:
             out.logprobs.append(self._text_logprob(lp))

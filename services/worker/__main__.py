@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from layerserve.worker.v1 import worker_pb2_grpc
 from services.common.grpc_util import new_server
@@ -56,7 +57,11 @@ async def main() -> None:
         runner.max_model_len,
     )
     server = new_server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(runner, config.model_name), server)
+    # Absolute, so that the tokenizer service (another process, maybe another working
+    # directory) can load the model's tokenizer from it.
+    model_path = str(Path(config.model_path).resolve()) if config.model_path else ""
+    servicer = WorkerServicer(runner, config.model_name, model_path)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     address = f"{config.host}:{config.port}"
     server.add_insecure_port(address)
     await server.start()

@@ -66,9 +66,10 @@ def sampled_to_proto(sampled: Sampled) -> worker_pb2.SampledToken:
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, runner: Runner, model_name: str) -> None:
+    def __init__(self, runner: Runner, model_name: str, model_path: str = "") -> None:
         self._runner = runner
         self._model_name = model_name
+        self._model_path = model_path  # absolute; "" = the embedded default model
         # One thread: steps run strictly in order, and the model's own intra-op threads do
         # the parallel work.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-step")
@@ -86,6 +87,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             device=r.device,
             dtype=r.dtype,
             model_fingerprint=r.fingerprint,
+            model_path=self._model_path,
         )
 
     async def Execute(

@@ -102,15 +102,59 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("id", "max_model_len")
+    __slots__ = ("id", "max_model_len", "path", "replicas")
     ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     id: str
     max_model_len: int
-    def __init__(self, id: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    path: str
+    replicas: int
+    def __init__(self, id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., path: _Optional[str] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class WeightedTarget(_message.Message):
+    __slots__ = ("model", "weight")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    weight: int
+    def __init__(self, model: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
+
+class WeightedRoute(_message.Message):
+    __slots__ = ("targets",)
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    targets: _containers.RepeatedCompositeFieldContainer[WeightedTarget]
+    def __init__(self, targets: _Optional[_Iterable[_Union[WeightedTarget, _Mapping]]] = ...) -> None: ...
+
+class LengthTier(_message.Message):
+    __slots__ = ("max_prompt_tokens", "model")
+    MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    max_prompt_tokens: int
+    model: str
+    def __init__(self, max_prompt_tokens: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+
+class LengthRoute(_message.Message):
+    __slots__ = ("tiers",)
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    tiers: _containers.RepeatedCompositeFieldContainer[LengthTier]
+    def __init__(self, tiers: _Optional[_Iterable[_Union[LengthTier, _Mapping]]] = ...) -> None: ...
+
+class Alias(_message.Message):
+    __slots__ = ("name", "weighted", "by_prompt_length")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTED_FIELD_NUMBER: _ClassVar[int]
+    BY_PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    weighted: WeightedRoute
+    by_prompt_length: LengthRoute
+    def __init__(self, name: _Optional[str] = ..., weighted: _Optional[_Union[WeightedRoute, _Mapping]] = ..., by_prompt_length: _Optional[_Union[LengthRoute, _Mapping]] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
-    __slots__ = ("models",)
+    __slots__ = ("models", "aliases")
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    ALIASES_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
-    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+    aliases: _containers.RepeatedCompositeFieldContainer[Alias]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., aliases: _Optional[_Iterable[_Union[Alias, _Mapping]]] = ...) -> None: ...

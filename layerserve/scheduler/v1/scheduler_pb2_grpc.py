@@ -71,7 +71,7 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListModels(self, request, context):
-        """The models the scheduler serves.
+        """The models the scheduler serves, with the path of each model's weights, and its aliases.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
