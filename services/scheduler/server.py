@@ -97,6 +97,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 waiting=s.num_waiting,
                 steps=s.num_steps,
                 preemptions=s.num_preemptions,
+                prefix_query_tokens=s.num_prefix_query_tokens,
+                prefix_hit_tokens=s.num_prefix_hit_tokens,
+                rejected=s.num_rejected,
+                expired=s.num_expired,
             )
         return stats
 

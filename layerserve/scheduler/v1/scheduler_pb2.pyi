@@ -72,7 +72,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("model", "address", "num_blocks", "free_blocks", "running", "waiting", "steps", "preemptions")
+    __slots__ = ("model", "address", "num_blocks", "free_blocks", "running", "waiting", "steps", "preemptions", "prefix_query_tokens", "prefix_hit_tokens", "rejected", "expired")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,10 @@ class WorkerStats(_message.Message):
     WAITING_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_QUERY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
     model: str
     address: str
     num_blocks: int
@@ -89,7 +93,11 @@ class WorkerStats(_message.Message):
     waiting: int
     steps: int
     preemptions: int
-    def __init__(self, model: _Optional[str] = ..., address: _Optional[str] = ..., num_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., steps: _Optional[int] = ..., preemptions: _Optional[int] = ...) -> None: ...
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    rejected: int
+    expired: int
+    def __init__(self, model: _Optional[str] = ..., address: _Optional[str] = ..., num_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., steps: _Optional[int] = ..., preemptions: _Optional[int] = ..., prefix_query_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., rejected: _Optional[int] = ..., expired: _Optional[int] = ...) -> None: ...
 
 class SchedulerStats(_message.Message):
     __slots__ = ("workers",)
