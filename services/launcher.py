@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -47,6 +49,9 @@ class StackConfig:
     log_dir: Path | None = None  # None: children log to this process's stderr
     env: dict[str, str] = field(default_factory=dict)  # added to the children's environment
     ready_timeout: float = 300.0
+    # "auto": LAYERSERVE_REDIS_URL if set, else a redis-server from PATH on a free port, else
+    # none (said at start-up). "off": no Redis.
+    redis: str = "auto"
 
     def model_specs(self) -> tuple[ModelSpec, ...]:
         if self.models:
@@ -80,10 +85,12 @@ class Stack:
                 self._spawn(f"worker{i}", "services.worker", self._worker_args(spec, port))
             workers = [arg for p in c.worker_ports for arg in ("--worker", f"127.0.0.1:{p}")]
             aliases = ["--aliases", str(c.aliases_file)] if c.aliases_file else []
+            redis_url = self._start_redis()
+            redis = ["--redis-url", redis_url] if redis_url else []
             self._spawn(
                 "scheduler",
                 "services.scheduler",
-                ["--port", str(c.scheduler_port), *workers, *aliases, *c.scheduler_args],
+                ["--port", str(c.scheduler_port), *workers, *aliases, *redis, *c.scheduler_args],
             )
             models = [
                 arg
@@ -126,6 +133,38 @@ class Stack:
         if c.null_worker:
             args.append("--null")
         return args
+
+    def _start_redis(self) -> str | None:
+        """The Redis URL to hand the scheduler, starting a redis-server if one is needed."""
+        if self.config.redis == "off" or "LAYERSERVE_REDIS_URL" in {
+            **os.environ,
+            **self.config.env,
+        }:
+            return None  # off, or the scheduler reads LAYERSERVE_REDIS_URL itself
+        exe = shutil.which("redis-server")
+        if exe is None:
+            log.warning(
+                "no Redis (LAYERSERVE_REDIS_URL unset, no redis-server on PATH): the prefix-cache "
+                "index stays inside the scheduler; other scheduler replicas cannot see it and a "
+                "restart loses it"
+            )
+            return None
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.procs["redis"] = subprocess.Popen(
+            [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 10
+        while not _safe(lambda: _redis_ping(port)):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError("redis-server did not answer within 10s")
+            time.sleep(0.05)
+        log.info("started redis-server on 127.0.0.1:%d for the prefix-cache index", port)
+        return f"redis://127.0.0.1:{port}/0"
 
     def _spawn(self, name: str, module: str, args: list[str]) -> None:
         out = None
@@ -207,6 +246,12 @@ def _tokenizer_models(port: int) -> list[str]:
         stub = tokenizer_pb2_grpc.TokenizerStub(channel)
         response = stub.ListModels(tokenizer_pb2.ListModelsRequest(), timeout=2)
     return [m.id for m in response.models]
+
+
+def _redis_ping(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+        conn.sendall(b"PING\r\n")
+        return conn.recv(16).startswith(b"+PONG")
 
 
 def _http_ok(url: str) -> bool:
