@@ -3,8 +3,6 @@ no RPC. The same decisions the services make, minus the hops."""
 
 from __future__ import annotations
 
-import time
-
 from services.common.sampling import SamplingOptions
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
@@ -54,9 +52,3 @@ class OfflineEngine:
             sampled = self.runner.execute(to_plan(step))
             self.scheduler.update([Sample(s.request_id, s.token_id) for s in sampled])
         return {rid: r.output_token_ids for rid, r in requests.items()}
-
-
-def timed(fn, *args):
-    started = time.perf_counter()
-    result = fn(*args)
-    return result, time.perf_counter() - started

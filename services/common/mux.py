@@ -73,10 +73,6 @@ class MuxClient(Generic[Submit, Output]):
             self._pending.aborts.append(request_id)
             self._wakeup.set()
 
-    @property
-    def open_requests(self) -> int:
-        return len(self._sinks)
-
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -157,11 +153,6 @@ class Outbox(Generic[Output]):
     def put(self, output: Output) -> None:
         self._items.append(output)
         self._ready.set()
-
-    def put_many(self, outputs: Iterable[Output]) -> None:
-        self._items.extend(outputs)
-        if self._items:
-            self._ready.set()
 
     async def next_batch(self) -> list[Output]:
         """Waits until something is queued, then takes everything queued."""

@@ -69,7 +69,3 @@ class Request:
     @property
     def num_tokens_to_compute(self) -> int:
         return self.num_tokens - self.num_computed_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is Status.FINISHED

@@ -102,14 +102,3 @@ def iter_hf_tensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
             for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
                 short = name.removeprefix("model.")
                 yield short, handle.get_tensor(name)
-
-
-def tensor_index(directory: Path) -> list[tuple[str, str, tuple[int, ...]]]:
-    """(name, dtype, shape) of every tensor, read from the safetensors headers only."""
-    entries = []
-    for file in weight_files(directory):
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118
-                info = handle.get_slice(name)
-                entries.append((name, str(info.get_dtype()), tuple(info.get_shape())))
-    return sorted(entries)
