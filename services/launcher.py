@@ -18,16 +18,25 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
-import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from layerserve.tokenizer.v1 import tokenizer_pb2
+from layerserve.worker.v1 import worker_pb2
 from services.common.env import env_int, env_str
+from services.common.grpc_util import new_sync_channel
+from services.common.health import service_name
+from services.common.tls import TlsSettings
 from services.stack_file import ModelSpec, read_stack_file
 
 log = logging.getLogger("layerserve")
+
+_WORKER = service_name(worker_pb2, "Worker")
+_SCHEDULER = service_name(scheduler_pb2, "Scheduler")
+_TOKENIZER = service_name(tokenizer_pb2, "Tokenizer")
 
 
 @dataclass
@@ -46,9 +55,13 @@ class StackConfig:
     models: tuple[ModelSpec, ...] = ()
     aliases_file: Path | None = None  # a TOML file with an [aliases] table, for the scheduler
     scheduler_args: list[str] = field(default_factory=list)
+    gateway_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None  # None: children log to this process's stderr
     env: dict[str, str] = field(default_factory=dict)  # added to the children's environment
     ready_timeout: float = 300.0
+    # Seconds each service gets after SIGTERM to drain before it is killed (the services'
+    # own --drain-timeout-s defaults to 30).
+    stop_timeout: float = 40.0
     # "auto": LAYERSERVE_REDIS_URL if set, else a redis-server from PATH on a free port, else
     # none (said at start-up). "off": no Redis.
     redis: str = "auto"
@@ -73,10 +86,13 @@ class Stack:
         self.config = config
         self.procs: dict[str, subprocess.Popen] = {}
         self._logs: list = []
+        # The children's LAYERSERVE_TLS_*: the readiness probes must speak what they serve.
+        self.tls = TlsSettings.from_env({**os.environ, **config.env})
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.config.http_port}"
+        scheme = "https" if self.tls.can_serve else "http"
+        return f"{scheme}://127.0.0.1:{self.config.http_port}"
 
     def start(self) -> None:
         c = self.config
@@ -118,6 +134,8 @@ class Stack:
                     str(c.grpc_port),
                     "--tokenizer",
                     f"127.0.0.1:{c.tokenizer_port}",
+                    *redis,  # rate limits and usage, shared by gateway replicas
+                    *c.gateway_args,
                 ],
             )
             self._wait_ready()
@@ -145,8 +163,8 @@ class Stack:
         if exe is None:
             log.warning(
                 "no Redis (LAYERSERVE_REDIS_URL unset, no redis-server on PATH): the prefix-cache "
-                "index stays inside the scheduler; other scheduler replicas cannot see it and a "
-                "restart loses it"
+                "index stays inside the scheduler (other scheduler replicas cannot see it and a "
+                "restart loses it), and rate limits and usage are per gateway replica"
             )
             return None
         with socket.socket() as s:
@@ -163,7 +181,11 @@ class Stack:
             if time.monotonic() > deadline:
                 raise TimeoutError("redis-server did not answer within 10s")
             time.sleep(0.05)
-        log.info("started redis-server on 127.0.0.1:%d for the prefix-cache index", port)
+        log.info(
+            "started redis-server on 127.0.0.1:%d for the prefix-cache index, rate limits and "
+            "usage",
+            port,
+        )
         return f"redis://127.0.0.1:{port}/0"
 
     def _spawn(self, name: str, module: str, args: list[str]) -> None:
@@ -184,10 +206,23 @@ class Stack:
         c = self.config
         deadline = time.monotonic() + c.ready_timeout
         names = [spec.name for spec in c.model_specs()]
+        tls = self.tls
+        # Each service's own readiness (grpc.health.v1, the gateway's /ready); the scheduler
+        # is SERVING with one live worker, so it is also asked for every configured model.
         checks = [
-            ("scheduler", lambda: _serves(_scheduler_models(c.scheduler_port), names)),
-            ("tokenizer", lambda: _serves(_tokenizer_models(c.tokenizer_port), names)),
-            ("gateway", lambda: _http_ok(f"{self.http_url}/health")),
+            (f"worker{i}", partial(_serving, port, _WORKER, tls))
+            for i, port in enumerate(c.worker_ports)
+        ]
+        checks += [
+            (
+                "scheduler",
+                lambda: (
+                    _serving(c.scheduler_port, _SCHEDULER, tls)
+                    and _serves(_scheduler_models(c.scheduler_port, tls), names)
+                ),
+            ),
+            ("tokenizer", partial(_serving, c.tokenizer_port, _TOKENIZER, tls)),
+            ("gateway", partial(_http_ok, c.http_port, "/ready", tls)),
         ]
         for name, check in checks:
             while not _safe(check):
@@ -209,18 +244,35 @@ class Stack:
         proc.wait()
 
     def stop(self) -> None:
-        for proc in reversed(self.procs.values()):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        """Drains the stack front to back: SIGTERM to the gateway, and once it has finished
+        what it had in flight and exited, the tokenizer, then the scheduler, then the workers,
+        Redis last. A service still running after stop_timeout is killed."""
+        for group in self._stop_order():
+            running = [name for name in group if self.procs[name].poll() is None]
+            for name in running:
+                self.procs[name].send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + self.config.stop_timeout
+            for name in running:
+                proc = self.procs[name]
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning(
+                        "%s did not exit %gs after SIGTERM; killing it",
+                        name,
+                        self.config.stop_timeout,
+                    )
+                    proc.kill()
+                    proc.wait()
         for f in self._logs:
             f.close()
         self._logs.clear()
+
+    def _stop_order(self) -> list[list[str]]:
+        front = [[name] for name in ("gateway", "tokenizer", "scheduler") if name in self.procs]
+        workers = [name for name in self.procs if name.startswith("worker")]
+        rest = [name for name in self.procs if [name] not in front and name not in workers]
+        return [*front, workers, rest]
 
 
 def _safe(check) -> bool:
@@ -234,18 +286,19 @@ def _serves(models: list[str], names: list[str]) -> bool:
     return set(names) <= set(models)
 
 
-def _scheduler_models(port: int) -> list[str]:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+def _scheduler_models(port: int, tls: TlsSettings) -> list[str]:
+    with new_sync_channel(f"127.0.0.1:{port}", tls) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         response = stub.ListModels(scheduler_pb2.ListModelsRequest(), timeout=2)
     return [m.id for m in response.models]
 
 
-def _tokenizer_models(port: int) -> list[str]:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = tokenizer_pb2_grpc.TokenizerStub(channel)
-        response = stub.ListModels(tokenizer_pb2.ListModelsRequest(), timeout=2)
-    return [m.id for m in response.models]
+def _serving(port: int, service: str, tls: TlsSettings) -> bool:
+    """Whether the service on `port` reports SERVING (grpc.health.v1 Check)."""
+    with new_sync_channel(f"127.0.0.1:{port}", tls) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+    return response.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def _redis_ping(port: int) -> bool:
@@ -254,9 +307,22 @@ def _redis_ping(port: int) -> bool:
         return conn.recv(16).startswith(b"+PONG")
 
 
-def _http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as response:
-        return response.status == 200
+def _http_ok(port: int, path: str, tls: TlsSettings) -> bool:
+    """Whether the gateway's `path` answers 200, over HTTPS when it serves TLS."""
+    if not tls.can_serve:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status == 200
+    # By hand, since urllib cannot expect another name (LAYERSERVE_TLS_SERVER_NAME) than the
+    # host it dials.
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=2) as raw,
+        tls.client_ssl_context().wrap_socket(
+            raw, server_hostname=tls.server_name or "127.0.0.1"
+        ) as conn,
+    ):
+        conn.sendall(request)
+        return conn.recv(64).split(b" ", 2)[1:2] == [b"200"]
 
 
 def parse_args(argv: list[str] | None = None) -> StackConfig:
@@ -321,9 +387,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         stack.start()
         log.info(
-            "layerserve is up: OpenAI API at http://127.0.0.1:%d/v1, gRPC at 127.0.0.1:%d "
+            "layerserve is up: OpenAI API at %s/v1, gRPC at 127.0.0.1:%d "
             "(models %s). Ctrl-C stops it.",
-            config.http_port,
+            stack.http_url,
             config.grpc_port,
             ", ".join(spec.name for spec in config.model_specs()),
         )

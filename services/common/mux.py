@@ -161,27 +161,40 @@ class Outbox(Generic[Output]):
         batch, self._items = self._items, []
         return batch
 
+    def wake(self) -> None:
+        """Wakes the writer with nothing to write (a session that drains rechecks its state)."""
+        self._ready.set()
+
     @property
     def empty(self) -> bool:
         return not self._items
 
 
 async def session_batches(
-    outbox: Outbox[Output], reader: asyncio.Future, has_open: Callable[[], bool]
+    outbox: Outbox[Output],
+    reader: asyncio.Future,
+    has_open: Callable[[], bool],
+    draining: Callable[[], bool] = lambda: False,
 ) -> AsyncIterator[list[Output]]:
     """The server side of a session: yields batches of outputs until the client has stopped
-    sending (reader done) and every request it submitted has ended and been delivered."""
+    sending (reader done) and every request it submitted has ended and been delivered. Once
+    `draining()` (the server refuses new requests; it wakes the outbox when that starts), the
+    session also ends without waiting for the client, as soon as nothing is left open."""
     while True:
         if reader.done():
             if reader.cancelled() or reader.exception() is not None:
                 return
             if outbox.empty and not has_open():
                 return
-            yield await outbox.next_batch()
+            batch = await outbox.next_batch()
+            if batch:
+                yield batch
             continue
-        batch = asyncio.ensure_future(outbox.next_batch())
-        await asyncio.wait({batch, reader}, return_when=asyncio.FIRST_COMPLETED)
-        if batch.done():
-            yield batch.result()
-        else:
-            batch.cancel()
+        if draining() and outbox.empty and not has_open():
+            return
+        waiting = asyncio.ensure_future(outbox.next_batch())
+        await asyncio.wait({waiting, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if not waiting.done():
+            waiting.cancel()
+        elif waiting.result():
+            yield waiting.result()

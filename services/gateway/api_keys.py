@@ -1,40 +1,148 @@
-"""API keys: from LAYERSERVE_API_KEYS (comma-separated) or a keys file (one per line)."""
+"""API keys and what each may do.
+
+Keys live in a TOML keys file as SHA-256 digests, never as plain text:
+
+    [[keys]]
+    name = "team-a"                      # shows up in logs and usage, never the key
+    sha256 = "9f86d081884c7d65..."       # `python -m services.gateway.keygen team-a` makes one
+    requests_per_minute = 60             # 0 or absent: the gateway's default for the limit
+    tokens_per_minute = 100000           # prompt plus completion tokens
+    max_concurrent = 8                   # streams open at once
+    models = ["smollm2-135m-instruct"]   # absent: every model
+
+LAYERSERVE_API_KEYS (comma-separated plain keys, for development) adds keys with the default
+limits; they are hashed as they are read. A presented key is hashed and compared with every
+stored digest in constant time, so neither the comparison nor its position in the file leaks.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
+_LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
+_KNOWN_FIELDS = frozenset({"name", "sha256", "models", *_LIMIT_FIELDS})
 
-def load_api_keys(env_keys: list[str], keys_file: str | None) -> frozenset[str]:
-    keys = set(env_keys)
+
+@dataclass(frozen=True, slots=True)
+class KeyLimits:
+    """Per-key limits; 0 means unlimited."""
+
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+    max_concurrent: int = 0
+
+    def or_defaults(self, defaults: KeyLimits) -> KeyLimits:
+        """Each limit this key leaves at 0 takes the default's."""
+        return KeyLimits(
+            self.requests_per_minute or defaults.requests_per_minute,
+            self.tokens_per_minute or defaults.tokens_per_minute,
+            self.max_concurrent or defaults.max_concurrent,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    name: str
+    digest: str  # hex SHA-256 of the key
+    limits: KeyLimits
+    models: frozenset[str] | None = None  # None: every model
+
+    @property
+    def tenant(self) -> str:
+        """A stable, non-secret id of the key, for fairness, limits and accounting."""
+        return "key-" + self.digest[:16]
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+ANONYMOUS = ApiKey(name="anonymous", digest="", limits=KeyLimits())
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class KeyRing:
+    """The configured keys. Empty: authentication is off and every caller is ANONYMOUS."""
+
+    def __init__(self, keys: list[ApiKey]) -> None:
+        digests = [k.digest for k in keys]
+        if len(set(digests)) != len(digests):
+            raise ValueError("the same API key is configured twice")
+        self._keys = [(bytes.fromhex(k.digest), k) for k in keys]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def find(self, presented: str) -> ApiKey | None:
+        """The key whose digest matches, compared against every key in constant time."""
+        digest = hashlib.sha256(presented.encode()).digest()
+        found = None
+        for stored, key in self._keys:
+            if hmac.compare_digest(digest, stored):
+                found = key
+        return found
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization or not authorization.startswith("Bearer "):
+        return None
+    return authorization[len("Bearer ") :].strip() or None
+
+
+def load_key_ring(env_keys: list[str], keys_file: str | None, defaults: KeyLimits) -> KeyRing:
+    keys = [ApiKey(f"env-key-{i}", hash_key(k), defaults) for i, k in enumerate(env_keys, start=1)]
     if keys_file:
-        path = Path(keys_file)
-        if not path.is_file():
-            raise ValueError(f"API keys file {keys_file} does not exist")
-        for line in path.read_text().splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line:
-                keys.add(line)
-    return frozenset(keys)
+        keys += read_keys_file(Path(keys_file), defaults)
+    return KeyRing(keys)
 
 
-def tenant_id(authorization: str | None) -> str:
-    """A stable, non-secret id of the caller's key, for fairness and accounting ("" if none)."""
-    if not authorization or not authorization.startswith("Bearer "):
-        return ""
-    key = authorization[len("Bearer ") :].strip()
-    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+def read_keys_file(path: Path, defaults: KeyLimits) -> list[ApiKey]:
+    """Raises ValueError naming the file and the entry when something is wrong."""
+    if not path.is_file():
+        raise ValueError(f"API keys file {path} does not exist")
+    try:
+        entries = tomllib.loads(path.read_text()).get("keys", [])
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"API keys file {path}: {err}") from None
+    if not isinstance(entries, list):
+        raise ValueError(f"API keys file {path}: `keys` must be an array of tables ([[keys]])")
+    return [_key_entry(path, i, entry, defaults) for i, entry in enumerate(entries)]
 
 
-def is_authorized(keys: frozenset[str], authorization: str | None) -> bool:
-    """True when no keys are configured, or the header is `Bearer <a configured key>`."""
-    if not keys:
-        return True
-    if not authorization or not authorization.startswith("Bearer "):
-        return False
-    presented = authorization[len("Bearer ") :].strip().encode()
-    # Compare against every key in constant time so timing reveals nothing about the keys.
-    # As bytes: compare_digest refuses non-ASCII str.
-    return any(hmac.compare_digest(presented, key.encode()) for key in keys)
+def _key_entry(path: Path, index: int, entry: object, defaults: KeyLimits) -> ApiKey:
+    where = f"API keys file {path}, keys[{index}]"
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: must be a table")
+    unknown = set(entry) - _KNOWN_FIELDS
+    if unknown:
+        raise ValueError(f"{where}: unknown fields {sorted(unknown)}")
+    digest = str(entry.get("sha256", "")).lower()
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise ValueError(f"{where}: sha256 must be 64 hex digits (the key's SHA-256, not the key)")
+    limits = {}
+    for name in _LIMIT_FIELDS:
+        value = entry.get(name, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{where}: {name} must be a non-negative integer")
+        limits[name] = value
+    models = entry.get("models")
+    if models is not None and (
+        not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)
+    ):
+        raise ValueError(f"{where}: models must be an array of model names")
+    return ApiKey(
+        name=str(entry.get("name") or f"key-{index}"),
+        digest=digest,
+        limits=KeyLimits(**limits).or_defaults(defaults),
+        models=frozenset(models) if models is not None else None,
+    )

@@ -37,7 +37,8 @@ class GenerationRequest:
     skip_special_tokens: bool = True
     priority: int = 0
     trace_context: dict[str, str] = field(default_factory=dict)
-    tenant: str = ""  # non-secret id of the caller's API key (api_keys.tenant_id)
+    tenant: str = ""  # non-secret id of the caller's API key (ApiKey.tenant)
+    max_prompt_tokens: int = 0  # the gateway's limit; 0: the model's context length
 
 
 @dataclass(slots=True)

@@ -12,8 +12,10 @@ from layerserve.common.v1 import common_pb2
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.errors import InvalidArgument, LayerserveError
 from services.common.sampling import SamplingOptions
-from services.gateway.api_keys import is_authorized, tenant_id
+from services.gateway.api_keys import ApiKey
 from services.gateway.backend import Backend, ChatMessage, GenerationRequest
+from services.gateway.front_door import FrontDoor
+from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
 
 log = logging.getLogger(__name__)
 
@@ -24,24 +26,34 @@ TRACE_KEYS = ("traceparent", "tracestate")
 
 
 def request_from_proto(
-    msg: gateway_pb2.GenerateRequest, request_id: str, trace_context: dict[str, str]
+    msg: gateway_pb2.GenerateRequest,
+    request_id: str,
+    trace_context: dict[str, str],
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> GenerationRequest:
     if not msg.model:
         raise InvalidArgument("model is required", param="model")
-    if msg.HasField("max_tokens") and msg.max_tokens < 1:
+    if msg.HasField("max_tokens") and not 1 <= msg.max_tokens <= (limits.max_tokens or 2**31):
+        bound = f"between 1 and {limits.max_tokens}" if limits.max_tokens else "at least 1"
         raise InvalidArgument(
-            f"max_tokens must be at least 1, got {msg.max_tokens}", param="max_tokens"
+            f"max_tokens must be {bound}, got {msg.max_tokens}", param="max_tokens"
+        )
+    if len(msg.stop) > limits.max_stop_sequences:
+        raise InvalidArgument(
+            f"stop takes at most {limits.max_stop_sequences} sequences, got {len(msg.stop)}",
+            param="stop",
         )
     sampling = SamplingOptions.from_proto(msg.sampling)
     sampling.validate()
     req = GenerationRequest(
         request_id=request_id,
         model=msg.model,
-        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else 0,
+        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else limits.max_tokens,
         sampling=sampling,
         stop=list(msg.stop),
         ignore_eos=msg.ignore_eos,
         trace_context=trace_context,
+        max_prompt_tokens=limits.max_prompt_tokens,
     )
     which = msg.WhichOneof("input")
     if which == "prompt":
@@ -54,43 +66,44 @@ def request_from_proto(
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, backend: Backend, api_keys: frozenset[str]) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        front_door: FrontDoor,
+        limits: RequestLimits = DEFAULT_LIMITS,
+    ) -> None:
         self._backend = backend
-        self._api_keys = api_keys
+        self._door = front_door
+        self._limits = limits
 
-    async def _authorize(self, context: grpc.aio.ServicerContext) -> dict[str, str]:
-        """Aborts with UNAUTHENTICATED unless the key is good; returns the call's metadata."""
+    async def _authorize(self, context: grpc.aio.ServicerContext) -> tuple[ApiKey, dict]:
+        """Aborts with UNAUTHENTICATED unless the key is good; returns it and the metadata."""
         metadata = dict(context.invocation_metadata() or ())
-        if not is_authorized(self._api_keys, metadata.get("authorization")):
+        try:
+            key = self._door.authenticate(metadata.get("authorization"))
+        except LayerserveError as err:
             await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "invalid or missing API key (metadata authorization: Bearer KEY)",
+                err.grpc_code, f"{err.message} (metadata authorization: Bearer KEY)"
             )
-        return metadata
+        return key, metadata
 
     async def Generate(self, request, context) -> AsyncIterator[gateway_pb2.GenerateResponse]:
-        metadata = await self._authorize(context)
+        key, metadata = await self._authorize(context)
         request_id = f"gen-{uuid.uuid4().hex}"
         trace = {k: metadata[k] for k in TRACE_KEYS if k in metadata}
         try:
-            req = request_from_proto(request, request_id, trace)
-            if self._api_keys:
-                req.tenant = tenant_id(metadata.get("authorization"))
-            deltas = self._backend.generate(req)
-            try:
-                async for delta in deltas:
-                    yield gateway_pb2.GenerateResponse(
-                        text=delta.text,
-                        token_ids=delta.token_ids,
-                        finish_reason=_FINISH.get(delta.finish_reason or "", 0),
-                        prompt_tokens=delta.prompt_tokens,
-                        completion_tokens=delta.completion_tokens,
-                        cached_tokens=delta.cached_tokens,
-                        request_id=request_id,
-                    )
-            finally:
-                await deltas.aclose()
+            req = request_from_proto(request, request_id, trace, self._limits)
+            async with self._door.admit(key, req.model, self._backend, [req]) as backend:
+                deltas = backend.generate(req)
+                try:
+                    async for delta in deltas:
+                        yield _response(delta, request_id)
+                finally:
+                    await deltas.aclose()
         except LayerserveError as err:
+            retry_after = getattr(err, "retry_after", None)
+            if retry_after is not None:  # overload: say when to come back, as HTTP does
+                context.set_trailing_metadata((("retry-after", str(retry_after)),))
             await context.abort(err.grpc_code, err.message)
         except grpc.aio.AbortError:
             raise
@@ -99,11 +112,23 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request {request_id})")
 
     async def ListModels(self, request, context) -> gateway_pb2.ListModelsResponse:
-        await self._authorize(context)
+        key, _ = await self._authorize(context)
         try:
-            models = await self._backend.list_models()
+            models = self._door.visible_models(key, await self._backend.list_models())
         except LayerserveError as err:
             await context.abort(err.grpc_code, err.message)
         return gateway_pb2.ListModelsResponse(
             models=[gateway_pb2.Model(id=m.id, max_model_len=m.max_model_len) for m in models]
         )
+
+
+def _response(delta, request_id: str) -> gateway_pb2.GenerateResponse:
+    return gateway_pb2.GenerateResponse(
+        text=delta.text,
+        token_ids=delta.token_ids,
+        finish_reason=_FINISH.get(delta.finish_reason or "", 0),
+        prompt_tokens=delta.prompt_tokens,
+        completion_tokens=delta.completion_tokens,
+        cached_tokens=delta.cached_tokens,
+        request_id=request_id,
+    )

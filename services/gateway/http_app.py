@@ -1,10 +1,12 @@
 """The gateway's OpenAI-compatible HTTP front end, as an aiohttp application.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id},
-GET /health. Every response carries X-Request-Id (the client's, when it sent a sane one), and
-every log line about a request names it. Errors are OpenAI ErrorResponse bodies: a
-LayerserveError with its own status, anything else a generic 500 whose traceback goes only to
-the log.
+GET /v1/usage (the caller's own counters), GET /health (liveness), GET /ready (readiness,
+lifecycle.py). Who may come in, and how many at once, is the FrontDoor's business
+(front_door.py). Every response carries X-Request-Id (the
+client's, when it sent a sane one), and every log line about a request names it. Errors are
+OpenAI ErrorResponse bodies: a LayerserveError with its own status, anything else a generic 500
+whose traceback goes only to the log.
 
 Serve it with handler cancellation on (`web.AppRunner(app, handler_cancellation=True)`):
 aiohttp then cancels the handler when the client disconnects, which closes the backend
@@ -20,9 +22,10 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from services.common.errors import LayerserveError, NotFound
-from services.gateway.api_keys import is_authorized, tenant_id
+from services.common.errors import LayerserveError, NotFound, Unauthenticated, Unavailable
+from services.gateway.api_keys import ApiKey, KeyRing
 from services.gateway.backend import Backend, ModelCard
+from services.gateway.front_door import FrontDoor
 from services.gateway.http_generation import respond_full, respond_stream
 from services.gateway.http_json import (
     error_body,
@@ -30,51 +33,71 @@ from services.gateway.http_json import (
     http_exception_response,
     json_response,
 )
+from services.gateway.lifecycle import LIFECYCLE, Lifecycle
 from services.gateway.openai_protocol import (
     ParsedRequest,
     parse_chat_request,
     parse_completion_request,
     parse_json_body,
 )
+from services.gateway.openapi import openapi_handler
+from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Parser = Callable[[dict, dict[str, str]], ParsedRequest]
+Parser = Callable[[dict, dict[str, str], RequestLimits], ParsedRequest]
 
 BACKEND = web.AppKey("backend", Backend)
-API_KEYS = web.AppKey("api_keys", frozenset)
+FRONT_DOOR = web.AppKey("front_door", FrontDoor)
+LIMITS = web.AppKey("limits", RequestLimits)
 REQUEST_ID = web.RequestKey("request_id", str)
+CALLER = web.RequestKey("caller", ApiKey)
+CLIENT_GAVE_ID = web.RequestKey("client_gave_id", bool)
 REQUEST_ID_HEADER = "X-Request-Id"
-# Long prompts and token-id lists outgrow aiohttp's 1 MiB default body limit.
-MAX_BODY_BYTES = 32 * 1024 * 1024
 # An echoed id lands in headers and logs, so only short, plain ones are taken from the client.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context, forwarded to the stack
-_UNAUTHENTICATED_PATHS = frozenset({"/health"})  # probes carry no key
+# Probes carry no key; the API description is public.
+_UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
 
 
-def create_app(backend: Backend, *, api_keys: frozenset[str] | None) -> web.Application:
-    """api_keys None or empty: no authentication. Otherwise `Authorization: Bearer <key>`."""
-    app = web.Application(
-        middlewares=[_request_id_middleware, _error_middleware, _auth_middleware],
-        client_max_size=MAX_BODY_BYTES,
-    )
+def create_app(
+    backend: Backend,
+    *,
+    front_door: FrontDoor | None = None,
+    limits: RequestLimits = DEFAULT_LIMITS,
+    lifecycle: Lifecycle | None = None,
+) -> web.Application:
+    """front_door None: no authentication, no limits beyond `limits`. A front door with keys
+    wants `Authorization: Bearer <key>`. lifecycle: readiness for /ready, and the drain (503
+    for new requests, a count of those in flight); None: always ready, never draining."""
+    middlewares = [_request_id_middleware, _error_middleware, _auth_middleware]
+    if lifecycle is not None:
+        middlewares.append(lifecycle.middleware)
+    app = web.Application(middlewares=middlewares, client_max_size=limits.max_body_bytes)
+    if lifecycle is not None:
+        app[LIFECYCLE] = lifecycle
     app[BACKEND] = backend
-    app[API_KEYS] = frozenset(api_keys or ())
+    app[FRONT_DOOR] = front_door or FrontDoor(KeyRing([]))
+    app[LIMITS] = limits
     app.on_response_prepare.append(_add_request_id_header)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_get("/v1/models", _list_models)
     app.router.add_get("/v1/models/{model:.+}", _get_model)
+    app.router.add_get("/v1/usage", _usage)
     app.router.add_get("/health", _health)
+    app.router.add_get("/ready", _ready)
+    app.router.add_get("/openapi.json", openapi_handler(limits))
     return app
 
 
 @web.middleware
 async def _request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     given = request.headers.get(REQUEST_ID_HEADER, "")
-    request[REQUEST_ID] = given if _SAFE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+    request[CLIENT_GAVE_ID] = bool(_SAFE_REQUEST_ID.fullmatch(given))
+    request[REQUEST_ID] = given if request[CLIENT_GAVE_ID] else uuid.uuid4().hex
     return await handler(request)
 
 
@@ -104,15 +127,12 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 @web.middleware
 async def _auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    keys = request.app[API_KEYS]
-    if not keys or request.path in _UNAUTHENTICATED_PATHS:
+    if request.path in _UNAUTHENTICATED_PATHS:
         return await handler(request)
-    authorization = request.headers.get("Authorization")
-    if not authorization:
-        return _unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-    # Keys are ASCII; hmac.compare_digest refuses to compare a non-ASCII str at all.
-    if not authorization.isascii() or not is_authorized(keys, authorization):
-        return _unauthorized("incorrect API key provided")
+    try:
+        request[CALLER] = request.app[FRONT_DOOR].authenticate(request.headers.get("Authorization"))
+    except Unauthenticated as err:
+        return _unauthorized(err.message)
     return await handler(request)
 
 
@@ -132,23 +152,27 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
-    parsed = parse(parse_json_body(await request.read()), _trace_context(request))
-    if request.app[API_KEYS]:
-        tenant = tenant_id(request.headers.get("Authorization"))
-        for generation in parsed.requests:
-            generation.tenant = tenant
-    backend = request.app[BACKEND]
-    log.debug(
-        "request %s: %s model=%s n=%d stream=%s",
-        request[REQUEST_ID],
-        parsed.response_id,
-        parsed.model,
-        len(parsed.requests),
-        parsed.stream,
-    )
-    if parsed.stream:
-        return await respond_stream(request, request[REQUEST_ID], backend, parsed)
-    return await respond_full(backend, parsed)
+    limits = request.app[LIMITS]
+    parsed = parse(parse_json_body(await request.read()), _trace_context(request), limits)
+    if not request[CLIENT_GAVE_ID]:
+        # Our own id is the response id, which prefixes the id of every choice in the other
+        # services' logs: one grep finds the request everywhere.
+        request[REQUEST_ID] = parsed.response_id
+    caller = request[CALLER]
+    door = request.app[FRONT_DOOR]
+    async with door.admit(caller, parsed.model, request.app[BACKEND], parsed.requests) as backend:
+        log.debug(
+            "request %s: %s key=%s model=%s n=%d stream=%s",
+            request[REQUEST_ID],
+            parsed.response_id,
+            caller.name,
+            parsed.model,
+            len(parsed.requests),
+            parsed.stream,
+        )
+        if parsed.stream:
+            return await respond_stream(request, request[REQUEST_ID], backend, parsed)
+        return await respond_full(backend, parsed)
 
 
 def _trace_context(request: web.Request) -> dict[str, str]:
@@ -156,16 +180,30 @@ def _trace_context(request: web.Request) -> dict[str, str]:
 
 
 async def _list_models(request: web.Request) -> web.Response:
-    cards = await request.app[BACKEND].list_models()
+    cards = await _visible_models(request)
     return json_response({"object": "list", "data": [_model_json(card) for card in cards]})
 
 
 async def _get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model"]
-    for card in await request.app[BACKEND].list_models():
+    for card in await _visible_models(request):
         if card.id == model_id:
             return json_response(_model_json(card))
-    raise NotFound(f"model {model_id!r} does not exist", param="model")
+    raise NotFound(
+        f"The model {model_id!r} does not exist or you do not have access to it.", param="model"
+    )
+
+
+async def _visible_models(request: web.Request) -> list[ModelCard]:
+    """The models the caller's key may use."""
+    cards = await request.app[BACKEND].list_models()
+    return request.app[FRONT_DOOR].visible_models(request[CALLER], cards)
+
+
+async def _usage(request: web.Request) -> web.Response:
+    caller = request[CALLER]
+    usage, scope = await request.app[FRONT_DOOR].ledger.totals(caller.tenant)
+    return json_response({"object": "usage", "key": caller.name, "scope": scope, **usage.as_dict()})
 
 
 def _model_json(card: ModelCard) -> dict:
@@ -180,4 +218,15 @@ def _model_json(card: ModelCard) -> dict:
 
 
 async def _health(request: web.Request) -> web.Response:
+    """Liveness: 200 while the process serves HTTP, draining or not."""
     return json_response({"status": "ok"})
+
+
+async def _ready(request: web.Request) -> web.Response:
+    """Readiness: 200 once the tokenizer service (hence the scheduler and a worker) serves;
+    else 503 naming what is not ready. An app without a Lifecycle has nothing to wait for."""
+    lifecycle = request.app.get(LIFECYCLE)
+    problem = await lifecycle.problem() if lifecycle is not None else None
+    if problem is not None:  # answered here: probes must not fill the log with warnings
+        return error_response(Unavailable(problem))
+    return json_response({"status": "ready"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from aiohttp import web
@@ -10,6 +11,7 @@ from aiohttp import web
 from services.common.errors import LayerserveError, openai_error_body
 
 SSE_DONE = b"data: [DONE]\n\n"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 GENERIC_MESSAGE = "internal server error"
 
 
@@ -18,6 +20,23 @@ def dumps(obj: Any) -> bytes:
     A lone surrogate from a broken detokenizer becomes '?' rather than failing the response."""
     text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
     return text.encode("utf-8", "replace")
+
+
+def has_lone_surrogate(obj: Any) -> bool:
+    """Whether a parsed JSON value holds, in any key or string, half a UTF-16 surrogate pair.
+    Walks with its own stack: a body nested as deep as json.loads allows must not recurse."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def sse_event(obj: Any) -> bytes:
@@ -58,6 +77,8 @@ def http_exception_response(exc: web.HTTPException) -> web.Response:
     elif isinstance(exc, web.HTTPMethodNotAllowed):
         allowed = ", ".join(sorted(exc.allowed_methods))
         message = f"method {exc.method} is not allowed here; allowed: {allowed}"
+    elif isinstance(exc, web.HTTPRequestEntityTooLarge):
+        message = exc.text or exc.reason  # "Maximum request body size N exceeded, ..."
     else:
         message = exc.reason
     code = exc.reason.lower().replace(" ", "_")

@@ -13,7 +13,10 @@ from services.common.errors import InvalidArgument
 
 JsonObject = dict[str, Any]
 
-MAX_STOP_SEQUENCES = 4
+# The stack carries token ids, max_tokens, top_k and priority as protobuf int32: a bigger
+# value is refused here rather than failing when the request is serialized.
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
 
 
 def _type_error(param: str, expected: str, value: Any) -> InvalidArgument:
@@ -86,20 +89,23 @@ def get_number(body: JsonObject, name: str, default: float) -> float:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _type_error(name, "a number", value)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer literal beyond any float
+        raise InvalidArgument(f"{name} is out of range", param=name) from None
 
 
-def get_stop(body: JsonObject) -> list[str]:
-    """`stop`: a string or a list of up to four non-empty strings."""
+def get_stop(body: JsonObject, max_sequences: int) -> list[str]:
+    """`stop`: a string or a list of up to max_sequences non-empty strings."""
     value = body.get("stop")
     if value is None:
         return []
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise _type_error("stop", "a string or an array of strings", value)
-    if len(stops) > MAX_STOP_SEQUENCES:
+    if len(stops) > max_sequences:
         raise InvalidArgument(
-            f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stops)}", param="stop"
+            f"stop takes at most {max_sequences} sequences, got {len(stops)}", param="stop"
         )
     if any(not s for s in stops):
         raise InvalidArgument("stop sequences must not be empty", param="stop")
@@ -117,8 +123,10 @@ def get_token_ids(body: JsonObject, name: str) -> list[int]:
 
 
 def token_id_list(value: list[Any], param: str) -> list[int]:
-    if not all(_is_int(t) and t >= 0 for t in value):
-        raise InvalidArgument(f"{param} must contain only non-negative integers", param=param)
+    if not all(_is_int(t) and 0 <= t <= INT32_MAX for t in value):
+        raise InvalidArgument(
+            f"{param} must contain only token ids (integers in [0, {INT32_MAX}])", param=param
+        )
     return value
 
 

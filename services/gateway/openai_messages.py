@@ -28,9 +28,10 @@ def _parse_message(message: Any, param: str) -> ChatMessage:
     if not isinstance(message, dict):
         raise InvalidArgument(f"{param} must be an object", param=param)
     role = message.get("role")
-    if role in _UNSUPPORTED_ROLES:
+    # isinstance first: a list or object role would not even hash.
+    if isinstance(role, str) and role in _UNSUPPORTED_ROLES:
         raise InvalidArgument(f"{param}: role {role!r} is not supported", param=f"{param}.role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         allowed = ", ".join(sorted(_ROLES))
         raise InvalidArgument(f"{param}.role must be one of {allowed}", param=f"{param}.role")
     content = _content_text(message.get("content"), role, f"{param}.content")

@@ -17,7 +17,10 @@ from typing import Any
 from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingOptions
 from services.gateway.backend import GenerationRequest
+from services.gateway.http_json import has_lone_surrogate
 from services.gateway.openai_fields import (
+    INT32_MAX,
+    INT32_MIN,
     JsonObject,
     get_bool,
     get_int,
@@ -30,8 +33,8 @@ from services.gateway.openai_fields import (
     token_id_list,
 )
 from services.gateway.openai_messages import parse_messages
+from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
 
-MAX_CHOICES = 16
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API caps logprobs at 5
 MAX_CHAT_TOP_LOGPROBS = 20
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
@@ -62,40 +65,55 @@ def parse_json_body(raw: bytes) -> JsonObject:
         body = json.loads(raw)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both derive from it
         raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidArgument("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise InvalidArgument("request body must be a JSON object")
+    # JSON may spell half a UTF-16 pair (\ud800), which no UTF-8 encoder (protobuf's
+    # included) accepts; raw UTF-8 cannot hold one, so only an escape can bring it in.
+    if b"\\u" in raw and has_lone_surrogate(body):
+        raise InvalidArgument("request body contains an unpaired UTF-16 surrogate escape")
     return body
 
 
 def parse_completion_request(
-    body: JsonObject, trace_context: dict[str, str] | None = None
+    body: JsonObject,
+    trace_context: dict[str, str] | None = None,
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> ParsedRequest:
     logprobs = get_int(body, "logprobs", low=0, high=MAX_COMPLETION_LOGPROBS)
-    template = _template(body, logprobs, trace_context)
-    template.prompt, template.prompt_token_ids = _parse_prompt(body.get("prompt"))
+    template = _template(body, logprobs, trace_context, limits)
+    template.prompt, template.prompt_token_ids = _parse_prompt(body.get("prompt"), limits)
     reject_if_set(body, "echo", get_bool(body, "echo", False), "echo")
     reject_if_set(body, "suffix", bool(body.get("suffix")), "suffix")
-    max_tokens = get_int(body, "max_tokens", low=1)
+    max_tokens = _max_tokens(body, "max_tokens", limits)
     template.max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
-    return _parsed(body, RequestKind.COMPLETION, f"cmpl-{uuid.uuid4().hex}", template)
+    return _parsed(body, RequestKind.COMPLETION, f"cmpl-{uuid.uuid4().hex}", template, limits)
 
 
 def parse_chat_request(
-    body: JsonObject, trace_context: dict[str, str] | None = None
+    body: JsonObject,
+    trace_context: dict[str, str] | None = None,
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> ParsedRequest:
-    template = _template(body, _chat_logprobs(body), trace_context)
+    template = _template(body, _chat_logprobs(body), trace_context, limits)
     template.messages = parse_messages(body.get("messages"))
     _reject_unsupported_chat_features(body)
     template.add_generation_prompt = get_bool(body, "add_generation_prompt", True)
     # max_completion_tokens replaced max_tokens in OpenAI's chat API; the newer name wins.
-    max_completion_tokens = get_int(body, "max_completion_tokens", low=1)
-    max_tokens = get_int(body, "max_tokens", low=1)
+    max_completion_tokens = _max_tokens(body, "max_completion_tokens", limits)
+    max_tokens = _max_tokens(body, "max_tokens", limits)
     chosen = max_completion_tokens if max_completion_tokens is not None else max_tokens
-    template.max_tokens = chosen or 0  # 0: up to the context length
-    return _parsed(body, RequestKind.CHAT, f"chatcmpl-{uuid.uuid4().hex}", template)
+    # 0: up to the context length, or the gateway's own cap when it has one.
+    template.max_tokens = chosen or limits.max_tokens
+    return _parsed(body, RequestKind.CHAT, f"chatcmpl-{uuid.uuid4().hex}", template, limits)
 
 
-def _parse_prompt(value: Any) -> tuple[str | None, list[int] | None]:
+def _max_tokens(body: JsonObject, name: str, limits: RequestLimits) -> int | None:
+    return get_int(body, name, low=1, high=limits.max_tokens or INT32_MAX)
+
+
+def _parse_prompt(value: Any, limits: RequestLimits) -> tuple[str | None, list[int] | None]:
     """`prompt`: a string, a list of token ids, or a one-element list of either."""
     if value is None:
         raise InvalidArgument("prompt is required", param="prompt")
@@ -111,6 +129,12 @@ def _parse_prompt(value: Any) -> tuple[str | None, list[int] | None]:
         raise InvalidArgument("prompt must not be empty", param="prompt")
     if all(isinstance(p, str | list) for p in value):
         raise InvalidArgument("batched prompts are not supported", param="prompt")
+    if limits.max_prompt_tokens and len(value) > limits.max_prompt_tokens:
+        raise InvalidArgument(
+            f"prompt has {len(value)} tokens; this server accepts at most "
+            f"{limits.max_prompt_tokens} prompt tokens",
+            param="prompt",
+        )
     return None, token_id_list(value, "prompt")
 
 
@@ -131,7 +155,10 @@ def _reject_unsupported_chat_features(body: JsonObject) -> None:
 
 
 def _template(
-    body: JsonObject, logprobs: int | None, trace_context: dict[str, str] | None
+    body: JsonObject,
+    logprobs: int | None,
+    trace_context: dict[str, str] | None,
+    limits: RequestLimits,
 ) -> GenerationRequest:
     """The fields every choice shares; the prompt and ids are filled in by the caller."""
     reject_if_set(body, "logit_bias", bool(body.get("logit_bias")), "logit_bias")
@@ -139,17 +166,18 @@ def _template(
         request_id="",
         model=require_str(body, "model"),
         sampling=_sampling(body, logprobs),
-        stop=get_stop(body),
+        stop=get_stop(body, limits.max_stop_sequences),
         stop_token_ids=get_token_ids(body, "stop_token_ids"),
         ignore_eos=get_bool(body, "ignore_eos", False),
         skip_special_tokens=get_bool(body, "skip_special_tokens", True),
-        priority=get_int(body, "priority") or 0,
+        priority=get_int(body, "priority", low=INT32_MIN, high=INT32_MAX) or 0,
         trace_context=dict(trace_context or {}),
+        max_prompt_tokens=limits.max_prompt_tokens,
     )
 
 
 def _sampling(body: JsonObject, logprobs: int | None) -> SamplingOptions:
-    top_k = get_int(body, "top_k")
+    top_k = get_int(body, "top_k", high=INT32_MAX)
     options = SamplingOptions(
         temperature=get_number(body, "temperature", DEFAULT_TEMPERATURE),
         top_p=get_number(body, "top_p", 1.0),
@@ -166,9 +194,13 @@ def _sampling(body: JsonObject, logprobs: int | None) -> SamplingOptions:
 
 
 def _parsed(
-    body: JsonObject, kind: RequestKind, response_id: str, template: GenerationRequest
+    body: JsonObject,
+    kind: RequestKind,
+    response_id: str,
+    template: GenerationRequest,
+    limits: RequestLimits,
 ) -> ParsedRequest:
-    n = get_int(body, "n", low=1, high=MAX_CHOICES) or 1
+    n = get_int(body, "n", low=1, high=limits.max_n) or 1
     best_of = get_int(body, "best_of", low=1)
     reject_if_set(body, "best_of", best_of is not None and best_of != n, "best_of other than n")
     stream = get_bool(body, "stream", False)

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from layerserve.common.v1 import common_pb2
 from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.errors import LayerserveError, Unavailable, error_from_code
 from services.common.grpc_util import new_channel
+from services.common.health import SERVING, service_name
 from services.common.mux import MuxClient, MuxProtocol
 from services.gateway.backend import (
     GenerationDelta,
@@ -37,6 +41,7 @@ def request_to_proto(req: GenerationRequest) -> tokenizer_pb2.GenerateRequest:
         priority=req.priority,
         trace=common_pb2.TraceContext(carrier=req.trace_context),
         tenant=req.tenant,
+        max_prompt_tokens=req.max_prompt_tokens,
     )
     if req.messages is not None:
         msg.chat.add_generation_prompt = req.add_generation_prompt
@@ -75,8 +80,10 @@ def delta_from_proto(out: tokenizer_pb2.GenerateOutput, want_logprobs: bool) -> 
 
 class TokenizerBackend:
     def __init__(self, address: str) -> None:
+        self._address = address
         self._channel = new_channel(address)
         self._stub = tokenizer_pb2_grpc.TokenizerStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
         self._mux: MuxClient[tokenizer_pb2.GenerateRequest, tokenizer_pb2.GenerateOutput] = (
             MuxClient(
                 MuxProtocol(
@@ -91,6 +98,20 @@ class TokenizerBackend:
                 )
             )
         )
+
+    async def readiness(self, timeout: float = 1.0) -> str | None:
+        """Why the tokenizer service cannot serve now (asked with a health check), or None."""
+        request = health_pb2.HealthCheckRequest(service=service_name(tokenizer_pb2, "Tokenizer"))
+        try:
+            response = await self._health.Check(request, timeout=timeout)
+        except grpc.aio.AioRpcError as err:
+            return f"the tokenizer service at {self._address} is unreachable ({err.code().name})"
+        if response.status != SERVING:
+            return (
+                f"the tokenizer service at {self._address} is not serving: it has no serving "
+                "scheduler (which needs a live worker), or it is shutting down"
+            )
+        return None
 
     async def close(self) -> None:
         await self._mux.close()

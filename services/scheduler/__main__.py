@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from layerserve.scheduler.v1 import admin_pb2_grpc, scheduler_pb2_grpc
-from services.common.grpc_util import new_server
+from layerserve.scheduler.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from services.common.drain_gate import DrainGate
+from services.common.grpc_util import add_port, new_server
+from services.common.health import Health, service_name
 from services.common.logs import setup_logging
-from services.common.serve import run_service, wait_for_shutdown
+from services.common.serve import drain_server, run_service, wait_for_shutdown
 from services.scheduler.admin_server import AdminServicer
 from services.scheduler.aliases import AliasTable, load_alias_file
 from services.scheduler.cache_feed import CacheFeed
@@ -48,20 +50,37 @@ async def main() -> None:
     feed.start()
     for link in links:
         link.start()
-    server = new_server()
+    gate = DrainGate("the scheduler")
+    server = new_server([gate])
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
+    # Ready once a worker is live; the Admin API serves regardless (it adds workers).
+    health = Health(
+        [service_name(scheduler_pb2, "Scheduler")],
+        servicer.readiness,
+        always=[service_name(admin_pb2, "Admin")],
+        name="scheduler",
+    )
+    health.add_to(server)
     admin = AdminServicer(
         WorkerAdmin(router, make_link, servicer.emit), router, aliases, config.admin_key
     )
     admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
     address = f"{config.host}:{config.port}"
-    server.add_insecure_port(address)
+    add_port(server, address)
+    health.start()
     await server.start()
     log.info("scheduler serving on %s for workers %s", address, ", ".join(config.workers))
     if not config.admin_key:
         log.info("the admin API is disabled (set LAYERSERVE_ADMIN_KEY to enable it)")
     await wait_for_shutdown()
-    await server.stop(grace=2)
+    await drain_server(
+        server,
+        health,
+        gate,
+        timeout=config.drain_timeout_s,
+        name="scheduler",
+        stop_taking=[servicer.stop_taking],
+    )
     for link in router.all_links:
         await link.stop()
     await feed.stop()

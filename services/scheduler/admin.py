@@ -21,6 +21,7 @@ from google.protobuf.json_format import MessageToDict
 
 from layerserve.scheduler.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from services.common.env import env_str
+from services.common.grpc_util import new_sync_channel
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -99,7 +100,7 @@ def _call(a: argparse.Namespace, channel: grpc.Channel):
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
-    with grpc.insecure_channel(a.scheduler) as channel:
+    with new_sync_channel(a.scheduler) as channel:
         try:
             response = _call(a, channel)
         except grpc.RpcError as err:

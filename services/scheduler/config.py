@@ -6,6 +6,11 @@ import argparse
 from dataclasses import dataclass, field
 
 from services.common.env import env_float, env_int, env_list, env_str
+from services.common.serve import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    add_drain_timeout_flag,
+    check_drain_timeout,
+)
 
 ROUTING_MODES = ("prefix", "load", "round-robin")
 
@@ -25,6 +30,7 @@ class SchedulerConfig:
     routing: str = "prefix"  # round-robin | load | prefix (see routing.py)
     redis_url: str = field(default="", repr=False)  # "" = no shared prefix index; may hold a secret
     prefix_index_ttl_s: float = 10.0  # a worker's Redis entries outlive its last heartbeat by this
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # on SIGTERM, for requests in flight
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -39,6 +45,7 @@ class SchedulerConfig:
             raise ValueError(f"--routing must be one of {', '.join(ROUTING_MODES)}")
         if not self.prefix_index_ttl_s > 0:
             raise ValueError(f"--prefix-index-ttl must be positive, got {self.prefix_index_ttl_s}")
+        check_drain_timeout(self.drain_timeout_s)
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> SchedulerConfig:
@@ -98,6 +105,7 @@ class SchedulerConfig:
             default=env_float("PREFIX_INDEX_TTL_S", 10.0),
             help="seconds a worker's Redis entries outlive its last heartbeat",
         )
+        add_drain_timeout_flag(p)
         a = p.parse_args(argv)
         workers = a.workers or env_list("SCHEDULER_WORKERS") or ["127.0.0.1:50061"]
         return cls(
@@ -115,4 +123,5 @@ class SchedulerConfig:
             routing=a.routing,
             redis_url=a.redis_url,
             prefix_index_ttl_s=a.prefix_index_ttl,
+            drain_timeout_s=a.drain_timeout_s,
         )

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common.errors import LayerserveError, code_number
+from services.common.errors import LayerserveError, Unavailable, code_number
 from services.common.mux import Outbox, session_batches
 from services.scheduler.alias_proto import alias_to_proto
 from services.scheduler.aliases import AliasTable
@@ -17,6 +17,7 @@ from services.scheduler.router import Router
 log = logging.getLogger(__name__)
 
 RequestOutput = scheduler_pb2.RequestOutput
+_SHUTTING_DOWN = Unavailable("the scheduler is shutting down; retry shortly")
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -25,6 +26,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._aliases = aliases if aliases is not None else AliasTable()
         self._outboxes: dict[str, Outbox[RequestOutput]] = {}  # request id -> its session's
         self._models: dict[str, str] = {}  # request id -> the model serving it
+        self._sessions: set[Outbox[RequestOutput]] = set()
+        self._draining = False
+
+    def readiness(self) -> str | None:
+        """None once a worker taking new requests is live (connected and SERVING), else why
+        not."""
+        links = self._router.links
+        if any(link.ready for link in links):
+            return None
+        if not links:
+            return "no workers (add one with the Admin API)"
+        return "no live worker: " + "; ".join(link.why_not_ready() for link in links)
+
+    def stop_taking(self) -> None:
+        """Drain: refuse new requests; each session ends once its requests have."""
+        self._draining = True
+        for outbox in self._sessions:
+            outbox.wake()
 
     def emit(self, outputs: list[RequestOutput]) -> None:
         """Called by worker links after each step: route outputs to their sessions."""
@@ -45,10 +64,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         outbox: Outbox[RequestOutput] = Outbox()
         mine: set[str] = set()
         reader = asyncio.ensure_future(self._read(request_iterator, outbox, mine))
+        self._sessions.add(outbox)
         try:
-            async for batch in session_batches(outbox, reader, lambda: bool(self._open(mine))):
+            async for batch in session_batches(
+                outbox, reader, lambda: bool(self._open(mine)), lambda: self._draining
+            ):
                 yield scheduler_pb2.SessionResponse(outputs=batch)
         finally:
+            self._sessions.discard(outbox)
             reader.cancel()
             for request_id in self._open(mine):
                 self._outboxes.pop(request_id, None)
@@ -71,6 +94,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _submit(self, submit, outbox: Outbox[RequestOutput], mine: set[str]) -> None:
         if submit.request_id in self._outboxes:
             outbox.put(_error(submit.request_id, "duplicate request_id", code=3))
+            return
+        if self._draining:
+            message = _SHUTTING_DOWN.message
+            outbox.put(_error(submit.request_id, message, code=code_number(_SHUTTING_DOWN)))
             return
         self._outboxes[submit.request_id] = outbox
         self._models[submit.request_id] = submit.model

@@ -13,6 +13,8 @@ from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2
 from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.grpc_util import new_channel
+from services.common.health import service_name
+from services.common.peer_health import PeerHealth
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.cache_events import CacheEventListener
 from services.scheduler.kv_cache_manager import KVCacheManager
@@ -93,6 +95,10 @@ class WorkerLink:
         self.cache_events = cache_events
         self._channel = new_channel(address)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+        # The worker's own word: warmed up, no step hung, not draining.
+        self.health = PeerHealth(
+            self._channel, service_name(worker_pb2, "Worker"), f"worker {address}"
+        )
         self.info: worker_pb2.WorkerInfo | None = None
         self.scheduler: Scheduler | None = None
         self._wakeup = asyncio.Event()
@@ -101,7 +107,14 @@ class WorkerLink:
 
     @property
     def ready(self) -> bool:
-        return self.scheduler is not None
+        """Live: connected, and the worker reports SERVING. Only a ready link gets new
+        requests; one that stops being ready still runs those it has."""
+        return self.scheduler is not None and self.health.serving
+
+    def why_not_ready(self) -> str:
+        if self.scheduler is None:
+            return f"worker {self.address} is not connected"
+        return self.health.reason
 
     @property
     def load(self) -> int:
@@ -110,11 +123,13 @@ class WorkerLink:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run_forever())
+        self.health.start()
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await self.health.stop()
         await self._channel.close()
 
     def submit(self, request: Request) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import time
 
-from layerserve.tokenizer.v1 import tokenizer_pb2_grpc
-from services.common.grpc_util import new_server
+from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from services.common.drain_gate import DrainGate
+from services.common.grpc_util import add_port, new_server
+from services.common.health import Health, service_name
 from services.common.logs import setup_logging
-from services.common.serve import run_service, wait_for_shutdown
+from services.common.serve import drain_server, run_service, wait_for_shutdown
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.loader import load_tokenizer
 from services.tokenizer.server import TokenizerServicer
@@ -28,15 +30,31 @@ async def main() -> None:
             by_path[path] = load_tokenizer(path)
         models[name] = by_path[path]
         log.info("loaded the tokenizer of %s in %.1fs", name, time.perf_counter() - started)
-    server = new_server()
+    gate = DrainGate("the tokenizer service")
+    server = new_server([gate])
     servicer = TokenizerServicer(models, config.scheduler, config.threads, config.catalog_ttl)
     tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server)
+    # Ready: its tokenizers are loaded (above) and its scheduler is serving.
+    health = Health(
+        [service_name(tokenizer_pb2, "Tokenizer")], servicer.readiness, name="tokenizer"
+    )
+    health.add_to(server)
     address = f"{config.host}:{config.port}"
-    server.add_insecure_port(address)
+    add_port(server, address)
+    servicer.scheduler_health.start()
+    health.start()
     await server.start()
     log.info("tokenizer serving on %s, scheduler at %s", address, config.scheduler)
     await wait_for_shutdown()
-    await server.stop(grace=2)
+    await drain_server(
+        server,
+        health,
+        gate,
+        timeout=config.drain_timeout_s,
+        name="tokenizer",
+        stop_taking=[servicer.stop_taking],
+    )
+    await servicer.close()
 
 
 if __name__ == "__main__":

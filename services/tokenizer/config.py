@@ -6,6 +6,11 @@ import argparse
 from dataclasses import dataclass
 
 from services.common.env import env_float, env_int, env_list, env_str
+from services.common.serve import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    add_drain_timeout_flag,
+    check_drain_timeout,
+)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -18,6 +23,7 @@ class TokenizerConfig:
     models: tuple[tuple[str, str | None], ...]  # (served name, path or None for the default)
     threads: int
     catalog_ttl: float = 2.0  # seconds between refreshes of the scheduler's models and aliases
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # on SIGTERM, for requests in flight
 
     def __post_init__(self) -> None:
         names = [name for name, _ in self.models]
@@ -27,6 +33,7 @@ class TokenizerConfig:
             raise ValueError(f"--threads must be positive, got {self.threads}")
         if not self.catalog_ttl > 0:
             raise ValueError(f"--catalog-ttl must be positive, got {self.catalog_ttl}")
+        check_drain_timeout(self.drain_timeout_s)
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> TokenizerConfig:
@@ -56,10 +63,11 @@ class TokenizerConfig:
             "model name refreshes it at once); a model it serves without a tokenizer here gets "
             "one loaded from the path its workers report",
         )
+        add_drain_timeout_flag(p)
         a = p.parse_args(argv)
         specs = a.models or env_list("TOKENIZER_MODELS") or [DEFAULT_MODEL]
         models = tuple(_parse_model(s) for s in specs)
-        return cls(a.host, a.port, a.scheduler, models, a.threads, a.catalog_ttl)
+        return cls(a.host, a.port, a.scheduler, models, a.threads, a.catalog_ttl, a.drain_timeout_s)
 
 
 def _parse_model(spec: str) -> tuple[str, str | None]:

@@ -11,9 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
-from services.common.errors import LayerserveError, code_number
+from services.common.errors import InvalidArgument, LayerserveError, Unavailable, code_number
 from services.common.grpc_util import call_domain, new_channel
+from services.common.health import service_name
 from services.common.mux import MuxClient, MuxProtocol, Outbox, session_batches
+from services.common.peer_health import PeerHealth
 from services.tokenizer.alias_route import AliasRoute, LengthRoute, WeightedRoute
 from services.tokenizer.loader import load_tokenizer
 from services.tokenizer.model_catalog import ModelCatalog, ServedModel, StackView
@@ -24,6 +26,7 @@ log = logging.getLogger(__name__)
 
 GenerateOutput = tokenizer_pb2.GenerateOutput
 _UNSPECIFIED = common_pb2.FINISH_REASON_UNSPECIFIED
+_SHUTTING_DOWN = Unavailable("the tokenizer service is shutting down; retry shortly")
 
 
 def tokenize(model: TextModel, msg) -> list[int]:
@@ -37,6 +40,14 @@ def tokenize(model: TextModel, msg) -> list[int]:
         model.validate_ids(ids)
         return ids
     return model.encode(msg.prompt)
+
+
+def check_prompt_length(num_tokens: int, limit: int) -> None:
+    if limit and num_tokens > limit:
+        raise InvalidArgument(
+            f"the prompt is {num_tokens} tokens; this server accepts at most {limit}",
+            param="prompt",
+        )
 
 
 def error_output(request_id: str, err: LayerserveError) -> GenerateOutput:
@@ -86,6 +97,29 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             )
         )
         self._catalog = ModelCatalog(models, self._fetch_view, self._load, catalog_ttl)
+        self.scheduler_health = PeerHealth(
+            self._channel,
+            service_name(scheduler_pb2, "Scheduler"),
+            f"the scheduler at {scheduler_address}",
+        )
+        self._sessions: set[Outbox[GenerateOutput]] = set()
+        self._draining = False
+
+    def readiness(self) -> str | None:
+        """Why this service cannot serve now (its tokenizers are loaded before it starts),
+        or None."""
+        return None if self.scheduler_health.serving else self.scheduler_health.reason
+
+    def stop_taking(self) -> None:
+        """Drain: refuse new requests; each session ends once its requests have."""
+        self._draining = True
+        for outbox in self._sessions:
+            outbox.wake()
+
+    async def close(self) -> None:
+        await self.scheduler_health.stop()
+        await self._mux.close()
+        await self._channel.close()
 
     async def _fetch_view(self) -> StackView:
         response = await self._scheduler.ListModels(scheduler_pb2.ListModelsRequest(), timeout=5)
@@ -143,10 +177,14 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         outbox: Outbox[GenerateOutput] = Outbox()
         open_ids: set[str] = set()
         reader = asyncio.ensure_future(self._read(request_iterator, outbox, open_ids))
+        self._sessions.add(outbox)
         try:
-            async for batch in session_batches(outbox, reader, lambda: bool(open_ids)):
+            async for batch in session_batches(
+                outbox, reader, lambda: bool(open_ids), lambda: self._draining
+            ):
                 yield tokenizer_pb2.SessionResponse(outputs=batch)
         finally:
+            self._sessions.discard(outbox)
             reader.cancel()
             for request_id in list(open_ids):
                 self._mux.abort(request_id)
@@ -160,8 +198,11 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             for request in msg.requests:
                 if request.request_id in open_ids:
                     outbox.put(
-                        error_output(request.request_id, LayerserveError("duplicate request_id"))
+                        error_output(request.request_id, InvalidArgument("duplicate request_id"))
                     )
+                    continue
+                if self._draining:
+                    outbox.put(error_output(request.request_id, _SHUTTING_DOWN))
                     continue
                 open_ids.add(request.request_id)
                 asyncio.ensure_future(self._start(request, outbox, open_ids))
@@ -171,6 +212,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         request_id = request.request_id
         try:
             target, model, prompt_ids = await self._prepare(request)
+            check_prompt_length(len(prompt_ids), request.max_prompt_tokens)
         except LayerserveError as err:
             open_ids.discard(request_id)
             outbox.put(error_output(request_id, err))

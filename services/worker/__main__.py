@@ -6,10 +6,12 @@ import logging
 import time
 from pathlib import Path
 
-from layerserve.worker.v1 import worker_pb2_grpc
-from services.common.grpc_util import new_server
+from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
+from services.common.drain_gate import DrainGate
+from services.common.grpc_util import add_port, new_server, process_tls
+from services.common.health import Health, service_name
 from services.common.logs import setup_logging
-from services.common.serve import run_service, wait_for_shutdown
+from services.common.serve import drain_server, run_service, wait_for_shutdown
 from services.worker.config import WorkerConfig
 from services.worker.server import Runner, WorkerServicer
 
@@ -44,6 +46,7 @@ def build_runner(config: WorkerConfig) -> Runner:
 async def main() -> None:
     config = WorkerConfig.from_args()
     setup_logging("worker")
+    process_tls()  # a bad LAYERSERVE_TLS_* fails now, not after the model has loaded
     started = time.perf_counter()
     runner = build_runner(config)
     log.info(
@@ -56,18 +59,39 @@ async def main() -> None:
         runner.block_size,
         runner.max_model_len,
     )
-    server = new_server()
+    gate = DrainGate("the worker")
+    server = new_server([gate])
     # Absolute, so that the tokenizer service (another process, maybe another working
     # directory) can load the model's tokenizer from it.
     model_path = str(Path(config.model_path).resolve()) if config.model_path else ""
-    servicer = WorkerServicer(runner, config.model_name, model_path)
+    servicer = WorkerServicer(runner, config.model_name, model_path, config.step_timeout_s)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    health = Health([service_name(worker_pb2, "Worker")], servicer.readiness, name="worker")
+    health.add_to(server)
     address = f"{config.host}:{config.port}"
-    server.add_insecure_port(address)
+    add_port(server, address)
+    started = time.perf_counter()
+    warming_up = servicer.start_warm_up()  # first: a scheduler's first step queues behind it
+    health.start()
     await server.start()
     log.info("worker serving on %s", address)
+    try:
+        await warming_up
+    except Exception:
+        log.exception("the warm-up step failed: this worker cannot serve")
+        raise
+    log.info("warm-up step done in %.2fs", time.perf_counter() - started)
     await wait_for_shutdown()
-    await server.stop(grace=2)
+    # A worker holds requests for its scheduler: the drain waits until it has finished them
+    # (it routes no new ones to a worker that is NOT_SERVING) or has gone away.
+    await drain_server(
+        server,
+        health,
+        gate,
+        timeout=config.drain_timeout_s,
+        name="worker",
+        busy=lambda: servicer.num_held,
+    )
 
 
 if __name__ == "__main__":

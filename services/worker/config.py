@@ -6,6 +6,15 @@ import argparse
 from dataclasses import dataclass
 
 from services.common.env import env_float, env_int, env_str
+from services.common.serve import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    add_drain_timeout_flag,
+    check_drain_timeout,
+)
+
+# An engine step that has not returned after this long counts as hung: the worker reports
+# NOT_SERVING until a step returns. Generous: a long prefill on a CPU takes seconds.
+DEFAULT_STEP_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +31,8 @@ class WorkerConfig:
     max_model_len: int | None
     threads: int
     null: bool
+    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # on SIGTERM, for requests it holds
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -30,6 +41,9 @@ class WorkerConfig:
             raise ValueError(f"--block-size must be a power of two, got {self.block_size}")
         if self.kv_cache_gb <= 0:
             raise ValueError(f"--kv-cache-gb must be positive, got {self.kv_cache_gb}")
+        if not self.step_timeout_s > 0:
+            raise ValueError(f"--step-timeout-s must be positive, got {self.step_timeout_s}")
+        check_drain_timeout(self.drain_timeout_s)
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> WorkerConfig:
@@ -59,6 +73,13 @@ class WorkerConfig:
             action="store_true",
             help="no model: emit tokens from a fixed cycle (plumbing benchmarks)",
         )
+        p.add_argument(
+            "--step-timeout-s",
+            type=float,
+            default=env_float("STEP_TIMEOUT_S", DEFAULT_STEP_TIMEOUT_S),
+            help="an engine step running longer is taken as hung: NOT_SERVING until one returns",
+        )
+        add_drain_timeout_flag(p)
         a = p.parse_args(argv)
         return cls(
             a.host,
@@ -73,4 +94,6 @@ class WorkerConfig:
             a.max_model_len,
             a.threads,
             a.null,
+            a.step_timeout_s,
+            a.drain_timeout_s,
         )

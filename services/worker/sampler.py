@@ -39,6 +39,13 @@ def row_seed(seed: int, num_output_tokens: int) -> int:
     return (z ^ (z >> 31)) >> 1
 
 
+# Temperatures below this sample greedily (as vLLM's do): dividing logits by them overflows
+# float32, and the distribution they describe is the argmax anyway.
+GREEDY_BELOW = 1e-5
+# MAX_LOGIT / GREEDY_BELOW stays below float32's max (3.4e38).
+MAX_LOGIT = 1e30
+
+
 class Sampler:
     def sample(
         self,
@@ -50,9 +57,12 @@ class Sampler:
         """logits [N, V] float32 -> one token per row, with logprobs where a row asked."""
         logits = logits.float().clone()
         apply_penalties(logits, options, prompt_token_ids, output_token_ids)
+        # A tiny repetition penalty can divide a logit up to inf; keep every logit finite so
+        # that no row's distribution turns into NaN (which would fail the whole step).
+        logits.clamp_(min=-MAX_LOGIT, max=MAX_LOGIT)
         logprobs = torch.log_softmax(logits, dim=-1) if _wants_logprobs(options) else None
         tokens = logits.argmax(dim=-1)  # [N], final for greedy rows
-        random_rows = [i for i, o in enumerate(options) if o.temperature > 0]
+        random_rows = [i for i, o in enumerate(options) if o.temperature >= GREEDY_BELOW]
         if random_rows:
             index = torch.tensor(random_rows, device=logits.device)
             probs = sampling_probs(logits[index], [options[i] for i in random_rows])

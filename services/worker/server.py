@@ -1,12 +1,13 @@
 """worker.v1.Worker over gRPC: protobuf in, ModelRunner.execute in a dedicated thread (the
-event loop never waits on the model), protobuf out."""
+event loop never waits on the model), protobuf out. Also what its health reports: ready once
+the warm-up step has run, and not while a step overruns its bound (step_watch.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -15,7 +16,10 @@ import grpc
 from layerserve.common.v1 import common_pb2
 from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.sampling import SamplingOptions
+from services.worker.config import DEFAULT_STEP_TIMEOUT_S
 from services.worker.plan import NewSequence, RunningSequence, Sampled, StepPlan
+from services.worker.step_watch import StepWatch
+from services.worker.warm_up import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +70,13 @@ def sampled_to_proto(sampled: Sampled) -> worker_pb2.SampledToken:
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, runner: Runner, model_name: str, model_path: str = "") -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        model_name: str,
+        model_path: str = "",
+        step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+    ) -> None:
         self._runner = runner
         self._model_name = model_name
         self._model_path = model_path  # absolute; "" = the embedded default model
@@ -74,6 +84,37 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         # the parallel work.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-step")
         self._driven = False
+        self._held: set[str] = set()  # requests the driving scheduler has us hold
+        self._steps = StepWatch(step_timeout_s)
+        self._warmed_up = False
+
+    @property
+    def num_held(self) -> int:
+        """Requests in flight here: a drain waits for the scheduler to finish them."""
+        return len(self._held)
+
+    def readiness(self) -> str | None:
+        """Why the worker cannot take requests now, or None."""
+        if not self._warmed_up:
+            return "the warm-up step has not run yet"
+        return self._steps.problem()
+
+    def start_warm_up(self) -> asyncio.Future[None]:
+        """Queues the warm-up step on the model thread. Call it before the server starts: the
+        scheduler's first step then runs after it."""
+        future = self._in_step_thread(warm_up, self._runner)
+        future.add_done_callback(self._on_warmed_up)
+        return future
+
+    def _on_warmed_up(self, future: asyncio.Future[None]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self._warmed_up = True
+
+    def _in_step_thread(self, fn: Callable, *args) -> asyncio.Future:
+        """Queues fn on the model thread (at once: callers rely on the order), timed by the
+        step watch."""
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._executor, self._steps.run, fn, *args)
 
     async def Describe(self, request, context) -> worker_pb2.WorkerInfo:
         r = self._runner
@@ -98,23 +139,24 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 grpc.StatusCode.FAILED_PRECONDITION, "this worker is already driven by a scheduler"
             )
         self._driven = True
-        known: set[str] = set()
-        loop = asyncio.get_running_loop()
+        held: set[str] = set()  # its own: a stream that follows must not share it
+        self._held = held
         try:
             async for msg in request_iterator:
                 plan = plan_from_proto(msg)
-                result = await loop.run_in_executor(self._executor, self._run_step, plan)
+                result = await self._in_step_thread(self._run_step, plan)
                 result.step_id = msg.step_id
-                known.difference_update(plan.finished_ids)
+                held.difference_update(plan.finished_ids)
                 if not result.HasField("error"):
-                    known.update(s.request_id for s in plan.new)
+                    held.update(s.request_id for s in plan.new)
                 yield result
         finally:
             self._driven = False
-            if known:  # the scheduler went away: drop what it had us hold
-                drop = StepPlan(finished_ids=list(known))
-                await loop.run_in_executor(self._executor, self._runner.execute, drop)
-                log.info("scheduler stream closed; dropped %d requests", len(known))
+            if held:  # the scheduler went away: drop what it had us hold
+                dropped = len(held)
+                await self._in_step_thread(self._runner.execute, StepPlan(finished_ids=list(held)))
+                held.clear()
+                log.info("scheduler stream closed; dropped %d requests", dropped)
 
     def _run_step(self, plan: StepPlan) -> worker_pb2.StepResult:
         started = time.perf_counter_ns()

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from layerserve.common.v1 import common_pb2 as layerserve_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'layerserve/tokenizer/v1/tokenizer.proto\x12\x17layerserve.tokenizer.v1\x1a!layerserve/common/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"e\n\x0c\x43hatMessages\x12\x36\n\x08messages\x18\x01 \x03(\x0b\x32$.layerserve.tokenizer.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xbd\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x06prompt\x18\x03 \x01(\tH\x00\x12\x35\n\x04\x63hat\x18\x04 \x01(\x0b\x32%.layerserve.tokenizer.v1.ChatMessagesH\x00\x12=\n\x10prompt_token_ids\x18\x05 \x01(\x0b\x32!.layerserve.tokenizer.v1.TokenIdsH\x00\x12\x36\n\x08sampling\x18\x06 \x01(\x0b\x32$.layerserve.common.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x16\n\x0estop_token_ids\x18\t \x03(\x05\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x1b\n\x13skip_special_tokens\x18\x0b \x01(\x08\x12\x10\n\x08priority\x18\x0c \x01(\x05\x12\x31\n\x05trace\x18\r \x01(\x0b\x32\".layerserve.common.v1.TraceContext\x12\x0e\n\x06tenant\x18\x0e \x01(\tB\x07\n\x05input\"\\\n\x0eSessionRequest\x12:\n\x08requests\x18\x01 \x03(\x0b\x32(.layerserve.tokenizer.v1.GenerateRequest\x12\x0e\n\x06\x61\x62orts\x18\x02 \x03(\t\"E\n\x0eTextTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x13\n\x0btoken_bytes\x18\x02 \x01(\x0c\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"x\n\x0bTextLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x13\n\x0btoken_bytes\x18\x02 \x01(\x0c\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x34\n\x03top\x18\x04 \x03(\x0b\x32\'.layerserve.tokenizer.v1.TextTopLogprob\"\xbd\x02\n\x0eGenerateOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x36\n\x08logprobs\x18\x04 \x03(\x0b\x32$.layerserve.tokenizer.v1.TextLogprob\x12\x39\n\rfinish_reason\x18\x05 \x01(\x0e\x32\".layerserve.common.v1.FinishReason\x12+\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x1c.layerserve.common.v1.Status\x12\x15\n\rprompt_tokens\x18\x07 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\x05\x12\x15\n\rcached_tokens\x18\t \x01(\x05\x12\r\n\x05model\x18\n \x01(\t\"K\n\x0fSessionResponse\x12\x38\n\x07outputs\x18\x01 \x03(\x0b\x32\'.layerserve.tokenizer.v1.GenerateOutput\"r\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x35\n\x04\x63hat\x18\x03 \x01(\x0b\x32%.layerserve.tokenizer.v1.ChatMessagesH\x00\x42\x07\n\x05input\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x13\n\x11ListModelsRequest\".\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\"H\n\x12ListModelsResponse\x12\x32\n\x06models\x18\x01 \x03(\x0b\x32\".layerserve.tokenizer.v1.ModelInfo2\xb5\x02\n\tTokenizer\x12`\n\x07Session\x12\'.layerserve.tokenizer.v1.SessionRequest\x1a(.layerserve.tokenizer.v1.SessionResponse(\x01\x30\x01\x12_\n\x08Tokenize\x12(.layerserve.tokenizer.v1.TokenizeRequest\x1a).layerserve.tokenizer.v1.TokenizeResponse\x12\x65\n\nListModels\x12*.layerserve.tokenizer.v1.ListModelsRequest\x1a+.layerserve.tokenizer.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'layerserve/tokenizer/v1/tokenizer.proto\x12\x17layerserve.tokenizer.v1\x1a!layerserve/common/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"e\n\x0c\x43hatMessages\x12\x36\n\x08messages\x18\x01 \x03(\x0b\x32$.layerserve.tokenizer.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xd8\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x06prompt\x18\x03 \x01(\tH\x00\x12\x35\n\x04\x63hat\x18\x04 \x01(\x0b\x32%.layerserve.tokenizer.v1.ChatMessagesH\x00\x12=\n\x10prompt_token_ids\x18\x05 \x01(\x0b\x32!.layerserve.tokenizer.v1.TokenIdsH\x00\x12\x36\n\x08sampling\x18\x06 \x01(\x0b\x32$.layerserve.common.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x16\n\x0estop_token_ids\x18\t \x03(\x05\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x1b\n\x13skip_special_tokens\x18\x0b \x01(\x08\x12\x10\n\x08priority\x18\x0c \x01(\x05\x12\x31\n\x05trace\x18\r \x01(\x0b\x32\".layerserve.common.v1.TraceContext\x12\x0e\n\x06tenant\x18\x0e \x01(\t\x12\x19\n\x11max_prompt_tokens\x18\x0f \x01(\x05\x42\x07\n\x05input\"\\\n\x0eSessionRequest\x12:\n\x08requests\x18\x01 \x03(\x0b\x32(.layerserve.tokenizer.v1.GenerateRequest\x12\x0e\n\x06\x61\x62orts\x18\x02 \x03(\t\"E\n\x0eTextTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x13\n\x0btoken_bytes\x18\x02 \x01(\x0c\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"x\n\x0bTextLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x13\n\x0btoken_bytes\x18\x02 \x01(\x0c\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x34\n\x03top\x18\x04 \x03(\x0b\x32\'.layerserve.tokenizer.v1.TextTopLogprob\"\xbd\x02\n\x0eGenerateOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x36\n\x08logprobs\x18\x04 \x03(\x0b\x32$.layerserve.tokenizer.v1.TextLogprob\x12\x39\n\rfinish_reason\x18\x05 \x01(\x0e\x32\".layerserve.common.v1.FinishReason\x12+\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x1c.layerserve.common.v1.Status\x12\x15\n\rprompt_tokens\x18\x07 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\x05\x12\x15\n\rcached_tokens\x18\t \x01(\x05\x12\r\n\x05model\x18\n \x01(\t\"K\n\x0fSessionResponse\x12\x38\n\x07outputs\x18\x01 \x03(\x0b\x32\'.layerserve.tokenizer.v1.GenerateOutput\"r\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x35\n\x04\x63hat\x18\x03 \x01(\x0b\x32%.layerserve.tokenizer.v1.ChatMessagesH\x00\x42\x07\n\x05input\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x13\n\x11ListModelsRequest\".\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\"H\n\x12ListModelsResponse\x12\x32\n\x06models\x18\x01 \x03(\x0b\x32\".layerserve.tokenizer.v1.ModelInfo2\xb5\x02\n\tTokenizer\x12`\n\x07Session\x12\'.layerserve.tokenizer.v1.SessionRequest\x1a(.layerserve.tokenizer.v1.SessionResponse(\x01\x30\x01\x12_\n\x08Tokenize\x12(.layerserve.tokenizer.v1.TokenizeRequest\x1a).layerserve.tokenizer.v1.TokenizeResponse\x12\x65\n\nListModels\x12*.layerserve.tokenizer.v1.ListModelsRequest\x1a+.layerserve.tokenizer.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,27 +39,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=252
   _globals['_TOKENIDS']._serialized_end=275
   _globals['_GENERATEREQUEST']._serialized_start=278
-  _globals['_GENERATEREQUEST']._serialized_end=723
-  _globals['_SESSIONREQUEST']._serialized_start=725
-  _globals['_SESSIONREQUEST']._serialized_end=817
-  _globals['_TEXTTOPLOGPROB']._serialized_start=819
-  _globals['_TEXTTOPLOGPROB']._serialized_end=888
-  _globals['_TEXTLOGPROB']._serialized_start=890
-  _globals['_TEXTLOGPROB']._serialized_end=1010
-  _globals['_GENERATEOUTPUT']._serialized_start=1013
-  _globals['_GENERATEOUTPUT']._serialized_end=1330
-  _globals['_SESSIONRESPONSE']._serialized_start=1332
-  _globals['_SESSIONRESPONSE']._serialized_end=1407
-  _globals['_TOKENIZEREQUEST']._serialized_start=1409
-  _globals['_TOKENIZEREQUEST']._serialized_end=1523
-  _globals['_TOKENIZERESPONSE']._serialized_start=1525
-  _globals['_TOKENIZERESPONSE']._serialized_end=1562
-  _globals['_LISTMODELSREQUEST']._serialized_start=1564
-  _globals['_LISTMODELSREQUEST']._serialized_end=1583
-  _globals['_MODELINFO']._serialized_start=1585
-  _globals['_MODELINFO']._serialized_end=1631
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1633
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1705
-  _globals['_TOKENIZER']._serialized_start=1708
-  _globals['_TOKENIZER']._serialized_end=2017
+  _globals['_GENERATEREQUEST']._serialized_end=750
+  _globals['_SESSIONREQUEST']._serialized_start=752
+  _globals['_SESSIONREQUEST']._serialized_end=844
+  _globals['_TEXTTOPLOGPROB']._serialized_start=846
+  _globals['_TEXTTOPLOGPROB']._serialized_end=915
+  _globals['_TEXTLOGPROB']._serialized_start=917
+  _globals['_TEXTLOGPROB']._serialized_end=1037
+  _globals['_GENERATEOUTPUT']._serialized_start=1040
+  _globals['_GENERATEOUTPUT']._serialized_end=1357
+  _globals['_SESSIONRESPONSE']._serialized_start=1359
+  _globals['_SESSIONRESPONSE']._serialized_end=1434
+  _globals['_TOKENIZEREQUEST']._serialized_start=1436
+  _globals['_TOKENIZEREQUEST']._serialized_end=1550
+  _globals['_TOKENIZERESPONSE']._serialized_start=1552
+  _globals['_TOKENIZERESPONSE']._serialized_end=1589
+  _globals['_LISTMODELSREQUEST']._serialized_start=1591
+  _globals['_LISTMODELSREQUEST']._serialized_end=1610
+  _globals['_MODELINFO']._serialized_start=1612
+  _globals['_MODELINFO']._serialized_end=1658
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1660
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1732
+  _globals['_TOKENIZER']._serialized_start=1735
+  _globals['_TOKENIZER']._serialized_end=2044
 # @@protoc_insertion_point(module_scope)

@@ -5,10 +5,18 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from services.gateway.api_keys import KeyLimits, load_key_ring
+from services.gateway.front_door import FrontDoor
 from services.gateway.http_app import create_app
 from tests.unit.gateway.echo_backend import EchoBackend
 
 API_KEY = "sk-test-key"
+
+
+def front_door(*keys: str, limits: KeyLimits | None = None, max_inflight: int = 0) -> FrontDoor:
+    """A front door admitting these plain keys, each with these limits (default: none)."""
+    ring = load_key_ring(list(keys), None, limits or KeyLimits())
+    return FrontDoor(ring, max_inflight=max_inflight)
 
 
 @pytest.fixture
@@ -18,12 +26,12 @@ def backend() -> EchoBackend:
 
 @pytest.fixture
 async def client(backend: EchoBackend) -> AsyncIterator[TestClient]:
-    async with TestClient(TestServer(create_app(backend, api_keys=None))) as test_client:
+    async with TestClient(TestServer(create_app(backend))) as test_client:
         yield test_client
 
 
 @pytest.fixture
 async def auth_client(backend: EchoBackend) -> AsyncIterator[TestClient]:
-    app = create_app(backend, api_keys=frozenset({API_KEY}))
+    app = create_app(backend, front_door=front_door(API_KEY))
     async with TestClient(TestServer(app)) as test_client:
         yield test_client

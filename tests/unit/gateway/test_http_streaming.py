@@ -165,7 +165,7 @@ async def test_disconnect_aborts_every_choice(client: TestClient, backend: EchoB
 async def test_disconnect_detected_on_write_without_handler_cancellation() -> None:
     """__main__'s AppRunner leaves handler_cancellation off: a failed write must do the job."""
     backend = EchoBackend()
-    runner = web.AppRunner(create_app(backend, api_keys=None), handler_cancellation=False)
+    runner = web.AppRunner(create_app(backend), handler_cancellation=False)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -192,7 +192,7 @@ async def _disconnect_midway(url: Any, backend: EchoBackend) -> None:
 
 
 def _server(backend: EchoBackend) -> TestServer:
-    return TestServer(create_app(backend, api_keys=None))
+    return TestServer(create_app(backend))
 
 
 async def _wait_for(condition: Callable[[], bool], timeout: float = 2.0) -> None:

@@ -7,7 +7,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from services.gateway.http_app import create_app
 from tests.openai_schema import validate
-from tests.unit.gateway.conftest import API_KEY
+from tests.unit.gateway.conftest import API_KEY, front_door
 from tests.unit.gateway.echo_backend import MODEL, EchoBackend
 
 
@@ -23,7 +23,7 @@ async def test_requests_carry_a_tenant_id_that_is_not_the_key(auth_client, backe
 
 async def test_two_keys_are_two_tenants():
     backend = EchoBackend()
-    app = create_app(backend, api_keys=frozenset({"key-a", "key-b"}))
+    app = create_app(backend, front_door=front_door("key-a", "key-b"))
     body = {"model": MODEL, "prompt": "one", "max_tokens": 1}
     async with TestClient(TestServer(app)) as client:
         for key in ("key-a", "key-b", "key-a"):

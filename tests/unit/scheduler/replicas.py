@@ -24,7 +24,8 @@ FINGERPRINT = "fp"
 
 
 def connected_link(address: str, feed: CacheFeed, num_blocks: int = 256) -> WorkerLink:
-    """A link as WorkerLink._connect leaves it, its cache events going to `feed`."""
+    """A link as WorkerLink._connect leaves it with its worker SERVING, its cache events going
+    to `feed`."""
     link = WorkerLink(address, SchedulerLimits(), emit=lambda outputs: None)
     link.cache_events = feed.listener(link)
     link.info = worker_pb2.WorkerInfo(
@@ -38,6 +39,7 @@ def connected_link(address: str, feed: CacheFeed, num_blocks: int = 256) -> Work
     pool = BlockPool(num_blocks, listener=link.cache_events)
     kv = KVCacheManager(pool, BLOCK_SIZE, FINGERPRINT)
     link.scheduler = Scheduler(SchedulerLimits(), kv, 4096, frozenset())
+    link.health.serving = True  # the worker's health stream said SERVING
     return link
 
 

@@ -131,3 +131,23 @@ def test_temperature_sampling_follows_distribution() -> None:
     torch.manual_seed(0)
     tokens = _sample(logits, [SamplingOptions(temperature=1.0)] * 4000).token_ids
     assert 0.72 < sum(tokens) / len(tokens) < 0.78  # P(token 1) = 0.75
+
+
+@pytest.mark.parametrize(
+    "extreme",
+    [
+        {"temperature": 1e-40},
+        {"temperature": 1.0, "repetition_penalty": 1e-40},
+        {"temperature": 2.0, "repetition_penalty": 1e-38, "presence_penalty": 2.0},
+    ],
+)
+def test_legal_extremes_sample_a_token_instead_of_failing_the_step(extreme) -> None:
+    """Values every validator accepts must not turn a row's distribution into NaN: that would
+    fail the whole batch's step, every other request with it."""
+    logits = _logits(2)
+    options = [SamplingOptions(**extreme, seed=3, logprobs=1), SamplingOptions()]
+    out = _sample(logits, options, outputs=[[4, 5], [6]])
+    assert out.token_ids[1] == int(logits[1].argmax())  # the neighbour is untouched
+    assert 0 <= out.token_ids[0] < logits.shape[1]
+    if extreme["temperature"] < 1e-5:  # too cold to divide by: greedy
+        assert out.token_ids[0] == int(logits[0].argmax())

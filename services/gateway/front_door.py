@@ -1,0 +1,142 @@
+"""Who may come in, and how many at once: authentication, per-key model access, the gateway's
+bound on requests in flight, per-key concurrency and rate limits, and usage accounting.
+
+Both front ends (HTTP and gRPC) go through one FrontDoor:
+
+    key = door.authenticate(authorization_header)  # raises Unauthenticated
+    # raises NotFound (model not allowed), Unavailable (full), ResourceExhausted (key limits)
+    async with door.admit(key, model, backend, requests) as metered:
+        ... metered.generate(...) ...  # usage is recorded and tokens charged on exit
+
+Overload is answered at once, never queued: a full gateway is 503, a key over its concurrency
+or rate limit is 429, both with Retry-After.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from services.common.errors import NotFound, ResourceExhausted, Unauthenticated, Unavailable
+from services.gateway.api_keys import ANONYMOUS, ApiKey, KeyRing, bearer_token
+from services.gateway.backend import Backend, GenerationDelta, GenerationRequest, ModelCard
+from services.gateway.openai_responses import UsageTally
+from services.gateway.rate_limiter import LocalBuckets, RateLimiter
+from services.gateway.usage import Usage, UsageLedger
+
+log = logging.getLogger(__name__)
+
+
+class FrontDoor:
+    def __init__(
+        self,
+        keys: KeyRing,
+        limiter: RateLimiter | None = None,
+        ledger: UsageLedger | None = None,
+        *,
+        max_inflight: int = 0,  # 0: unbounded
+    ) -> None:
+        self.keys = keys
+        self._limiter = limiter or RateLimiter(LocalBuckets(), fail_open=True)
+        self.ledger = ledger or UsageLedger()
+        self._max_inflight = max_inflight
+        self._inflight = 0
+        self._streams: Counter[str] = Counter()  # requests in flight per key (this replica)
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def authenticate(self, authorization: str | None) -> ApiKey:
+        if not self.keys.enabled:
+            return ANONYMOUS
+        token = bearer_token(authorization)
+        if token is None:
+            raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
+        key = self.keys.find(token)
+        if key is None:
+            raise Unauthenticated("incorrect API key provided")
+        return key
+
+    def visible_models(self, key: ApiKey, cards: list[ModelCard]) -> list[ModelCard]:
+        return [card for card in cards if key.may_use(card.id)]
+
+    @asynccontextmanager
+    async def admit(
+        self, key: ApiKey, model: str, backend: Backend, requests: list[GenerationRequest]
+    ) -> AsyncIterator[Backend]:
+        """Holds a place for the request while the block runs; yields the backend to use,
+        which meters every delta. Usage is recorded and tokens charged on the way out."""
+        if not key.may_use(model):
+            # The same words as for a model that does not exist: a key learns nothing more.
+            raise NotFound(
+                f"The model {model!r} does not exist or you do not have access to it.",
+                param="model",
+            )
+        self._take_place(key)
+        try:
+            await self._limiter.admit(key)
+            for request in requests:
+                request.tenant = key.tenant if self.keys.enabled else ""
+            metered = _MeteredBackend(backend, requests)
+            try:
+                yield metered
+            finally:
+                await self._settle(key, metered.tally)
+        finally:
+            self._inflight -= 1
+            self._streams[key.tenant] -= 1
+
+    def _take_place(self, key: ApiKey) -> None:
+        if self._max_inflight and self._inflight >= self._max_inflight:
+            error = Unavailable(
+                f"the gateway is at capacity ({self._max_inflight} requests in flight); "
+                "retry shortly"
+            )
+            error.retry_after = 1
+            raise error
+        limit = key.limits.max_concurrent
+        if limit and self._streams[key.tenant] >= limit:
+            error = ResourceExhausted(
+                f"API key {key.name!r} already has {limit} requests in flight, its limit; "
+                "retry when one finishes"
+            )
+            error.retry_after = 1
+            raise error
+        self._inflight += 1
+        self._streams[key.tenant] += 1
+
+    async def _settle(self, key: ApiKey, tally: UsageTally) -> None:
+        counts = tally.as_json()
+        usage = Usage(
+            requests=1,
+            prompt_tokens=counts["prompt_tokens"],
+            completion_tokens=counts["completion_tokens"],
+            cached_tokens=counts["prompt_tokens_details"]["cached_tokens"],
+        )
+        await self._limiter.charge(key, usage.prompt_tokens + usage.completion_tokens)
+        await self.ledger.record(key.tenant, usage)
+
+
+class _MeteredBackend:
+    """Passes requests through to the real backend, tallying the tokens of each delta."""
+
+    def __init__(self, backend: Backend, requests: list[GenerationRequest]) -> None:
+        self._backend = backend
+        self._index = {r.request_id: i for i, r in enumerate(requests)}
+        self.tally = UsageTally(max(1, len(requests)))
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
+        index = self._index.get(request.request_id, 0)
+        deltas = self._backend.generate(request)
+        try:
+            async for delta in deltas:
+                self.tally.add(index, delta)
+                yield delta
+        finally:
+            await deltas.aclose()
+
+    async def list_models(self) -> list[ModelCard]:
+        return await self._backend.list_models()

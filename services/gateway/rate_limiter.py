@@ -1,0 +1,199 @@
+"""Per-key rate limits as token buckets: requests per minute and tokens per minute.
+
+With Redis, the buckets live there and one Lua script updates them atomically on Redis's own
+clock, so every gateway replica shares one limit. Without Redis, each replica keeps its own
+buckets (the same arithmetic, in-process) and the limit is per replica.
+
+Tokens are charged after a request ends (prompt plus completion), when the count is known; a
+request is admitted while the key's token bucket is not in debt. A key that overspends waits
+until the bucket refills past zero; the debt is capped at one minute's worth.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Protocol
+
+from services.common.errors import ResourceExhausted, Unavailable
+from services.gateway.api_keys import ApiKey, KeyLimits
+
+log = logging.getLogger(__name__)
+
+# KEYS: the request bucket, the token bucket. ARGV: request capacity, token capacity (per
+# minute; 0 = unlimited). Returns {1, 0} when admitted (one request taken), else {0, ms to wait}.
+_ADMIT_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function level(key, cap)
+  local v = redis.call('HMGET', key, 'level', 'ts')
+  local lvl = tonumber(v[1]) or cap
+  local ts = tonumber(v[2]) or now
+  return math.min(cap, lvl + math.max(0, now - ts) * cap / 60000)
+end
+local rcap, tcap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local r
+if rcap > 0 then
+  r = level(KEYS[1], rcap)
+  if r < 1 then return {0, math.ceil((1 - r) * 60000 / rcap)} end
+end
+if tcap > 0 then
+  local tk = level(KEYS[2], tcap)
+  if tk <= 0 then return {0, math.ceil((1 - tk) * 60000 / tcap)} end
+end
+if rcap > 0 then
+  redis.call('HSET', KEYS[1], 'level', r - 1, 'ts', now)
+  redis.call('PEXPIRE', KEYS[1], math.ceil((rcap - r + 1) * 60000 / rcap) + 1000)
+end
+return {1, 0}
+"""
+
+# KEYS: the token bucket. ARGV: capacity per minute, tokens to charge.
+_CHARGE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cap, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
+local v = redis.call('HMGET', KEYS[1], 'level', 'ts')
+local lvl = tonumber(v[1]) or cap
+local ts = tonumber(v[2]) or now
+lvl = math.min(cap, lvl + math.max(0, now - ts) * cap / 60000)
+lvl = math.max(-cap, lvl - cost)
+redis.call('HSET', KEYS[1], 'level', lvl, 'ts', now)
+redis.call('PEXPIRE', KEYS[1], math.ceil((cap - lvl) * 60000 / cap) + 1000)
+return 1
+"""
+
+
+class Buckets(Protocol):
+    async def admit(self, tenant: str, limits: KeyLimits) -> float:
+        """Takes one request if the key may start one; returns 0, else seconds to wait."""
+        ...
+
+    async def charge(self, tenant: str, limits: KeyLimits, tokens: int) -> None: ...
+
+
+class RedisBuckets:
+    def __init__(self, redis) -> None:  # redis.asyncio.Redis
+        self._admit = redis.register_script(_ADMIT_LUA)
+        self._charge = redis.register_script(_CHARGE_LUA)
+
+    async def admit(self, tenant: str, limits: KeyLimits) -> float:
+        allowed, wait_ms = await self._admit(
+            keys=_bucket_keys(tenant),
+            args=[limits.requests_per_minute, limits.tokens_per_minute],
+        )
+        return 0.0 if allowed else wait_ms / 1000
+
+    async def charge(self, tenant: str, limits: KeyLimits, tokens: int) -> None:
+        await self._charge(keys=_bucket_keys(tenant)[1:], args=[limits.tokens_per_minute, tokens])
+
+
+def _bucket_keys(tenant: str) -> list[str]:
+    # The braces make both keys one hash slot in Redis Cluster (scripts need that).
+    return [f"layerserve:rate:{{{tenant}}}:requests", f"layerserve:rate:{{{tenant}}}:tokens"]
+
+
+class _Bucket:
+    __slots__ = ("level", "stamp")
+
+    def __init__(self, capacity: int, now: float) -> None:
+        self.level = float(capacity)
+        self.stamp = now
+
+    def refill(self, capacity: int, now: float) -> float:
+        self.level = min(capacity, self.level + (now - self.stamp) * capacity / 60)
+        self.stamp = now
+        return self.level
+
+
+class LocalBuckets:
+    """The Lua scripts' arithmetic in-process, for a gateway without Redis."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self._clock = clock
+        self._buckets: dict[tuple[str, str], _Bucket] = {}
+
+    def _bucket(self, tenant: str, kind: str, capacity: int) -> _Bucket:
+        now = self._clock()
+        bucket = self._buckets.setdefault((tenant, kind), _Bucket(capacity, now))
+        bucket.refill(capacity, now)
+        return bucket
+
+    async def admit(self, tenant: str, limits: KeyLimits) -> float:
+        rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
+        requests = self._bucket(tenant, "requests", rpm) if rpm else None
+        if requests is not None and requests.level < 1:
+            return (1 - requests.level) * 60 / rpm
+        if tpm:
+            tokens = self._bucket(tenant, "tokens", tpm)
+            if tokens.level <= 0:
+                return (1 - tokens.level) * 60 / tpm
+        if requests is not None:
+            requests.level -= 1
+        return 0.0
+
+    async def charge(self, tenant: str, limits: KeyLimits, tokens: int) -> None:
+        tpm = limits.tokens_per_minute
+        bucket = self._bucket(tenant, "tokens", tpm)
+        bucket.level = max(-tpm, bucket.level - tokens)
+
+
+class RateLimiter:
+    """Admits or refuses a key's next request, and charges its tokens afterwards.
+
+    fail_open decides what a Redis outage means: True lets requests through unlimited, False
+    refuses them with 503. Either way the outage is logged once, and its end too.
+    """
+
+    def __init__(self, buckets: Buckets, *, fail_open: bool) -> None:
+        self._buckets = buckets
+        self._fail_open = fail_open
+        self._failing = False
+
+    async def admit(self, key: ApiKey) -> None:
+        limits = key.limits
+        if not (limits.requests_per_minute or limits.tokens_per_minute):
+            return
+        try:
+            wait = await self._buckets.admit(key.tenant, limits)
+        except Exception as err:  # redis.RedisError, OSError, timeouts
+            self._outage(err)
+            if self._fail_open:
+                return
+            raise Unavailable("rate limiting is unavailable; try again shortly") from None
+        self._recovered()
+        if wait > 0:
+            error = ResourceExhausted(_over_limit_message(key, limits))
+            error.retry_after = max(1, math.ceil(wait))
+            raise error
+
+    async def charge(self, key: ApiKey, tokens: int) -> None:
+        if not key.limits.tokens_per_minute or tokens <= 0:
+            return
+        try:
+            await self._buckets.charge(key.tenant, key.limits, tokens)
+        except Exception as err:
+            self._outage(err)  # the tokens go uncounted; nothing else to do about it
+        else:
+            self._recovered()
+
+    def _outage(self, err: Exception) -> None:
+        if not self._failing:
+            policy = "letting requests through" if self._fail_open else "refusing requests"
+            log.error("rate limiter cannot reach Redis (%s); %s until it is back", err, policy)
+        self._failing = True
+
+    def _recovered(self) -> None:
+        if self._failing:
+            log.warning("rate limiter reaches Redis again")
+        self._failing = False
+
+
+def _over_limit_message(key: ApiKey, limits: KeyLimits) -> str:
+    parts = []
+    if limits.requests_per_minute:
+        parts.append(f"{limits.requests_per_minute} requests per minute")
+    if limits.tokens_per_minute:
+        parts.append(f"{limits.tokens_per_minute} tokens per minute")
+    return f"rate limit reached for API key {key.name!r} ({' and '.join(parts)})"
