@@ -1,0 +1,189 @@
+"""`docker compose up` would start a working stack: docker-compose.yml and its CPU variant
+resolve in Docker Compose itself (tests/unit/compose_files.py), every service accepts the
+configuration it is given and finds the others, and the images (docker/Dockerfile*) copy files
+that exist, install as the Makefile does and run modules that exist. No Docker engine needed."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.unit.compose_files import (
+    CPU_FILES,
+    GPU_FILES,
+    LAYERSERVE_SERVICES,
+    REPO,
+    module_of,
+    resolve,
+    service_config,
+)
+
+SERVICES = {*LAYERSERVE_SERVICES, "redis", "jaeger", "prometheus", "grafana"}
+DOCKERFILES = ("docker/Dockerfile", "docker/Dockerfile.cuda")
+GPU_RESERVATION = {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory) -> dict:
+    return resolve(tmp_path_factory.mktemp("gpu"), GPU_FILES)
+
+
+@pytest.fixture(scope="module")
+def cpu(tmp_path_factory) -> dict:
+    return resolve(tmp_path_factory.mktemp("cpu"), CPU_FILES)
+
+
+def test_both_variants_resolve_with_every_service(gpu, cpu) -> None:
+    assert set(gpu["services"]) == SERVICES
+    assert set(cpu["services"]) == SERVICES
+
+
+def test_gpu_worker_reserves_one_nvidia_gpu_on_the_cuda_image(gpu) -> None:
+    worker = gpu["services"]["worker"]
+    assert worker["deploy"]["resources"]["reservations"]["devices"] == [GPU_RESERVATION]
+    assert worker["build"]["dockerfile"] == "docker/Dockerfile.cuda"
+    assert service_config(gpu, "worker").device == "cuda"
+
+
+def test_cpu_variant_runs_the_worker_on_the_cpu_image_without_a_gpu(gpu, cpu) -> None:
+    worker = cpu["services"]["worker"]
+    assert not (worker.get("deploy") or {}).get("resources")
+    assert worker["build"]["dockerfile"] == "docker/Dockerfile"
+    assert worker["image"] != gpu["services"]["worker"]["image"]
+    assert service_config(cpu, "worker").device == "cpu"
+    # Nothing else changes.
+    for name in SERVICES - {"worker"}:
+        assert cpu["services"][name] == gpu["services"][name], name
+
+
+@pytest.mark.parametrize("variant", ["gpu", "cpu"])
+def test_each_service_starts_once_the_one_it_calls_is_healthy(variant, request) -> None:
+    services = request.getfixturevalue(variant)["services"]
+    for name, callee in [
+        ("scheduler", "worker"),
+        ("tokenizer", "scheduler"),
+        ("gateway", "tokenizer"),
+    ]:
+        assert services[name]["depends_on"][callee]["condition"] == "service_healthy", name
+    for name in ("scheduler", "gateway"):
+        assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy", name
+    assert "healthcheck" in services["redis"]
+
+
+@pytest.mark.parametrize("variant", ["gpu", "cpu"])
+def test_services_accept_their_configuration_and_find_each_other(variant, request) -> None:
+    compose = request.getfixturevalue(variant)
+    c = {name: service_config(compose, name) for name in LAYERSERVE_SERVICES}
+    # Reachable from the other containers, not only on the container's loopback.
+    assert {c[name].host for name in LAYERSERVE_SERVICES} == {"0.0.0.0"}
+    assert c["scheduler"].workers == (f"worker:{c['worker'].port}",)
+    assert c["tokenizer"].scheduler == f"scheduler:{c['scheduler'].port}"
+    assert c["gateway"].tokenizer == f"tokenizer:{c['tokenizer'].port}"
+    assert c["scheduler"].redis_url == c["gateway"].redis_url == "redis://redis:6379/0"
+    gateway_ports = {p["target"] for p in compose["services"]["gateway"]["ports"]}
+    assert gateway_ports == {c["gateway"].http_port, c["gateway"].grpc_port}
+
+
+@pytest.mark.parametrize("variant", ["gpu", "cpu"])
+def test_health_checks_ask_each_services_own_grpc_port(variant, request) -> None:
+    compose = request.getfixturevalue(variant)
+    for name in LAYERSERVE_SERVICES:
+        config = service_config(compose, name)
+        port = config.grpc_port if name == "gateway" else config.port
+        test = compose["services"][name]["healthcheck"]["test"]
+        assert test[0] == "CMD", name
+        assert module_of(test[1:]) == "services.common.healthcheck", name
+        assert test[4] == f"127.0.0.1:{port}", name
+
+
+def test_a_model_in_the_volume_reaches_the_worker_and_the_tokenizer(tmp_path, gpu) -> None:
+    assert "models" in gpu["volumes"]
+    variables = {"LAYERSERVE_MODEL_NAME": "my-model", "LAYERSERVE_MODEL_PATH": "/models/m.gguf"}
+    compose = resolve(tmp_path, CPU_FILES, variables)
+    worker = service_config(compose, "worker")
+    assert (worker.model_name, worker.model_path) == ("my-model", "/models/m.gguf")
+    assert service_config(compose, "tokenizer").models == (("my-model", "/models/m.gguf"),)
+    for name in ("worker", "tokenizer"):
+        mounts = {(v["source"], v["target"]) for v in compose["services"][name]["volumes"]}
+        assert ("models", "/models") in mounts, name
+    # Without them: the embedded default model on both sides.
+    assert service_config(gpu, "worker").model_path is None
+    assert service_config(gpu, "tokenizer").models == (("smollm2-135m-instruct", None),)
+
+
+def test_every_module_the_containers_run_exists(gpu, cpu) -> None:
+    commands = [
+        command
+        for compose in (gpu, cpu)
+        for service in compose["services"].values()
+        for command in (service.get("command"), (service.get("healthcheck") or {}).get("test"))
+        if command
+    ]
+    commands += [cmd for path in DOCKERFILES for cmd in _instructions(path, "CMD")]
+    modules = {module_of(c[1:] if c[0] == "CMD" else c) for c in commands} - {None}
+    assert {f"services.{name}" for name in LAYERSERVE_SERVICES} <= modules
+    assert "services.launcher" in modules  # the images' default command
+    for module in modules:
+        assert importlib.util.find_spec(module) is not None, module
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_images_copy_files_that_exist_and_reach_the_builder(dockerfile) -> None:
+    sources = [
+        source
+        for args in _instructions(dockerfile, "COPY")
+        if not any(arg.startswith("--from=") for arg in args)
+        for source in args[:-1]
+    ]
+    assert {"pyproject.toml", "services", "layerserve"} <= set(sources)
+    patterns = (REPO / ".dockerignore").read_text().split("\n")
+    for source in sources:
+        assert (REPO / source).exists(), source
+        assert not _ignored(source, patterns), f"{source} is excluded by .dockerignore"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_images_install_as_the_makefile_does(dockerfile) -> None:
+    """The Makefile's pins in its order (torch first), then the project itself."""
+    makefile = (REPO / "Makefile").read_text()
+    pinned = re.compile(r"pip install ((?:--no-deps )?[\w.-]+==[\w.+-]+)")
+    expected = pinned.findall(makefile.replace("$(PIP)", "pip"))
+    assert expected[0].startswith("torch==")
+    runs = [" ".join(args) for args in _instructions(dockerfile, "RUN")]
+    installs = [m for run in runs for m in pinned.findall(run)]
+    assert installs == expected
+    assert [run for run in runs if "pip install" in run][-1].endswith("pip install .")
+
+
+def _instructions(dockerfile: str, keyword: str) -> list[list[str]]:
+    """The arguments of every `keyword` instruction (continuation lines joined; exec form
+    decoded)."""
+    text = re.sub(r"\\\n", " ", (REPO / dockerfile).read_text())
+    found = []
+    for line in text.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        if word.upper() != keyword:
+            continue
+        rest = rest.strip()
+        found.append(json.loads(rest) if rest.startswith("[") else shlex.split(rest))
+    return found
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore keeps `path` out of the build context: the last pattern that
+    matches it or one of its parent folders wins."""
+    parents = [str(p) for p in reversed(Path(path).parents) if str(p) != "."] + [path]
+    ignored = False
+    for pattern in (p.strip() for p in patterns):
+        if not pattern or pattern.startswith("#"):
+            continue
+        negated = pattern.startswith("!")
+        if any(fnmatch.fnmatchcase(p, pattern.lstrip("!")) for p in parents):
+            ignored = not negated
+    return ignored
