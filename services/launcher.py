@@ -65,11 +65,24 @@ class StackConfig:
     # "auto": LAYERSERVE_REDIS_URL if set, else a redis-server from PATH on a free port, else
     # none (said at start-up). "off": no Redis.
     redis: str = "auto"
+    # Prometheus /metrics ports by process name ("tokenizer", "scheduler", "worker0", ...);
+    # a process not named serves none. The gateway's are on its HTTP port. Each process gets
+    # its own --metrics-port, so a LAYERSERVE_METRICS_PORT in the environment (one port for
+    # every service, as in a container) cannot make them collide.
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     def model_specs(self) -> tuple[ModelSpec, ...]:
         if self.models:
             return self.models
         return (ModelSpec(self.model_name, self.model_path, len(self.worker_ports)),)
+
+    def metrics_args(self, process: str) -> list[str]:
+        """The --metrics-port flag of a tokenizer, scheduler or worker process."""
+        names = {"tokenizer", "scheduler"} | {f"worker{i}" for i in range(len(self.worker_ports))}
+        unknown = set(self.metrics_ports) - names
+        if unknown:
+            raise ValueError(f"metrics_ports names no such process: {sorted(unknown)}")
+        return ["--metrics-port", str(self.metrics_ports.get(process, 0))]
 
     def placements(self) -> list[tuple[ModelSpec, int]]:
         """(model, port) of every worker process."""
@@ -98,7 +111,8 @@ class Stack:
         c = self.config
         try:
             for i, (spec, port) in enumerate(c.placements()):
-                self._spawn(f"worker{i}", "services.worker", self._worker_args(spec, port))
+                args = [*self._worker_args(spec, port), *c.metrics_args(f"worker{i}")]
+                self._spawn(f"worker{i}", "services.worker", args)
             workers = [arg for p in c.worker_ports for arg in ("--worker", f"127.0.0.1:{p}")]
             aliases = ["--aliases", str(c.aliases_file)] if c.aliases_file else []
             redis_url = self._start_redis()
@@ -106,7 +120,15 @@ class Stack:
             self._spawn(
                 "scheduler",
                 "services.scheduler",
-                ["--port", str(c.scheduler_port), *workers, *aliases, *redis, *c.scheduler_args],
+                [
+                    "--port",
+                    str(c.scheduler_port),
+                    *workers,
+                    *aliases,
+                    *redis,
+                    *c.metrics_args("scheduler"),
+                    *c.scheduler_args,
+                ],
             )
             models = [
                 arg
@@ -122,6 +144,7 @@ class Stack:
                     *models,
                     "--scheduler",
                     f"127.0.0.1:{c.scheduler_port}",
+                    *c.metrics_args("tokenizer"),
                 ],
             )
             self._spawn(
@@ -327,7 +350,9 @@ def _http_ok(port: int, path: str, tls: TlsSettings) -> bool:
 
 def parse_args(argv: list[str] | None = None) -> StackConfig:
     p = argparse.ArgumentParser(
-        prog="python -m services.launcher", description="Start the whole layerserve stack."
+        prog="python -m services.launcher",
+        description="Start the whole layerserve stack. "
+        "`layerserve doctor` checks the GPU, driver, torch and triton without starting it.",
     )
     p.add_argument("--http-port", type=int, default=env_int("HTTP_PORT", 8000))
     p.add_argument("--grpc-port", type=int, default=env_int("GRPC_PORT", 50051))
@@ -349,6 +374,13 @@ def parse_args(argv: list[str] | None = None) -> StackConfig:
         "--model-path", help="a .gguf file or a Llama checkpoint directory (default: SmolLM2-135M)"
     )
     p.add_argument("--null-worker", action="store_true", help="workers without a model")
+    p.add_argument(
+        "--metrics-port-base",
+        type=int,
+        default=env_int("METRICS_PORT_BASE", 0),
+        help="Prometheus /metrics of the tokenizer on BASE, the scheduler on BASE+1, workers "
+        "from BASE+2 (0: none; the gateway's are always at http-port/metrics)",
+    )
     a = p.parse_args(argv)
     base = a.internal_port_base
     config = StackConfig(
@@ -374,10 +406,19 @@ def parse_args(argv: list[str] | None = None) -> StackConfig:
         config.model_path = a.model_path or env_str("MODEL_PATH", "") or None
         num_workers = a.workers or 1
     config.worker_ports = tuple(base + 2 + i for i in range(num_workers))
+    if a.metrics_port_base:
+        metrics = a.metrics_port_base
+        config.metrics_ports = {"tokenizer": metrics, "scheduler": metrics + 1}
+        config.metrics_ports |= {f"worker{i}": metrics + 2 + i for i in range(num_workers)}
     return config
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["doctor"]:
+        # Its own process: the doctor imports torch, which the launcher never needs.
+        doctor = [sys.executable, "-m", "services.worker.doctor", *args[1:]]
+        sys.exit(subprocess.call(doctor))
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s"
     )
@@ -387,8 +428,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         stack.start()
         log.info(
-            "layerserve is up: OpenAI API at %s/v1, gRPC at 127.0.0.1:%d "
-            "(models %s). Ctrl-C stops it.",
+            "layerserve is up: OpenAI API at %s/v1 (metrics at /metrics), gRPC at "
+            "127.0.0.1:%d (models %s). Ctrl-C stops it.",
             stack.http_url,
             config.grpc_port,
             ", ".join(spec.name for spec in config.model_specs()),

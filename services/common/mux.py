@@ -103,6 +103,10 @@ class MuxClient(Generic[Submit, Output]):
                 self._on_stream.difference_update(batch.aborts)
         except grpc.aio.AioRpcError as err:
             log.warning("session to %s failed: %s", self._protocol.peer, err.details())
+        except asyncio.InvalidStateError:
+            # A write raced the peer ending the call ("RPC already finished"); the reader
+            # has the reason and logs it. The stream's requests fail below.
+            pass
         finally:
             reader.cancel()
             call.cancel()

@@ -13,6 +13,7 @@ from services.common.grpc_util import add_port, new_server, process_tls
 from services.common.health import Health, service_name
 from services.common.logs import setup_logging
 from services.common.serve import drain_server, run_service, wait_for_shutdown
+from services.common.tracing import setup_tracing, shutdown_tracing
 from services.gateway.config import GatewayConfig
 from services.gateway.front_door import FrontDoor
 from services.gateway.grpc_api import GatewayServicer
@@ -29,6 +30,7 @@ log = logging.getLogger("services.gateway")
 async def main() -> None:
     config = GatewayConfig.from_args()
     setup_logging("gateway")
+    setup_tracing("gateway")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
     front_door = _front_door(config)
     tokenizer = TokenizerBackend(config.tokenizer)
     backend = PromptLoggingBackend(tokenizer) if config.log_prompts else tokenizer
@@ -79,6 +81,7 @@ async def main() -> None:
     )
     await runner.cleanup()
     await tokenizer.close()
+    shutdown_tracing()  # after the drain: the last requests' spans go out too
 
 
 def _front_door(config: GatewayConfig) -> FrontDoor:

@@ -15,15 +15,18 @@ or rate limit is 429, both with Retry-After.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from services.common import tracing
 from services.common.errors import NotFound, ResourceExhausted, Unauthenticated, Unavailable
 from services.gateway.api_keys import ANONYMOUS, ApiKey, KeyRing, bearer_token
 from services.gateway.backend import Backend, GenerationDelta, GenerationRequest, ModelCard
 from services.gateway.openai_responses import UsageTally
 from services.gateway.rate_limiter import LocalBuckets, RateLimiter
+from services.gateway.request_metrics import IN_FLIGHT, RATE_LIMITED, ChoiceTimer
 from services.gateway.usage import Usage, UsageLedger
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,10 @@ class FrontDoor:
         return self._inflight
 
     def authenticate(self, authorization: str | None) -> ApiKey:
+        with tracing.current_child("auth"):
+            return self._authenticate(authorization)
+
+    def _authenticate(self, authorization: str | None) -> ApiKey:
         if not self.keys.enabled:
             return ANONYMOUS
         token = bearer_token(authorization)
@@ -69,25 +76,32 @@ class FrontDoor:
     ) -> AsyncIterator[Backend]:
         """Holds a place for the request while the block runs; yields the backend to use,
         which meters every delta. Usage is recorded and tokens charged on the way out."""
+        started = time.monotonic()  # the clock of the request's latency metrics
         if not key.may_use(model):
             # The same words as for a model that does not exist: a key learns nothing more.
             raise NotFound(
                 f"The model {model!r} does not exist or you do not have access to it.",
                 param="model",
             )
-        self._take_place(key)
+        with tracing.current_child("rate_limit"):
+            self._take_place(key)
+            try:
+                await self._limiter.admit(key)
+            except BaseException as err:
+                if isinstance(err, ResourceExhausted):
+                    RATE_LIMITED.labels(limit="rate").inc()
+                self._leave(key)
+                raise
         try:
-            await self._limiter.admit(key)
             for request in requests:
                 request.tenant = key.tenant if self.keys.enabled else ""
-            metered = _MeteredBackend(backend, requests)
+            metered = _MeteredBackend(backend, requests, started)
             try:
                 yield metered
             finally:
                 await self._settle(key, metered.tally)
         finally:
-            self._inflight -= 1
-            self._streams[key.tenant] -= 1
+            self._leave(key)
 
     def _take_place(self, key: ApiKey) -> None:
         if self._max_inflight and self._inflight >= self._max_inflight:
@@ -104,9 +118,17 @@ class FrontDoor:
                 "retry when one finishes"
             )
             error.retry_after = 1
+            RATE_LIMITED.labels(limit="concurrent").inc()
             raise error
         self._inflight += 1
         self._streams[key.tenant] += 1
+        IN_FLIGHT.inc()
+
+    def _leave(self, key: ApiKey) -> None:
+        """Gives back the place _take_place took."""
+        self._inflight -= 1
+        self._streams[key.tenant] -= 1
+        IN_FLIGHT.dec()
 
     async def _settle(self, key: ApiKey, tally: UsageTally) -> None:
         counts = tally.as_json()
@@ -121,19 +143,23 @@ class FrontDoor:
 
 
 class _MeteredBackend:
-    """Passes requests through to the real backend, tallying the tokens of each delta."""
+    """Passes requests through to the real backend, tallying the tokens of each delta and
+    timing each choice (TTFT, TPOT, end to end: request_metrics.py)."""
 
-    def __init__(self, backend: Backend, requests: list[GenerationRequest]) -> None:
+    def __init__(self, backend: Backend, requests: list[GenerationRequest], started: float) -> None:
         self._backend = backend
+        self._started = started
         self._index = {r.request_id: i for i, r in enumerate(requests)}
         self.tally = UsageTally(max(1, len(requests)))
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         index = self._index.get(request.request_id, 0)
+        timer = ChoiceTimer(self._started, request.model)
         deltas = self._backend.generate(request)
         try:
             async for delta in deltas:
                 self.tally.add(index, delta)
+                timer.add(delta)
                 yield delta
         finally:
             await deltas.aclose()

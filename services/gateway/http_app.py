@@ -2,8 +2,8 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id},
 GET /v1/usage (the caller's own counters), GET /health (liveness), GET /ready (readiness,
-lifecycle.py). Who may come in, and how many at once, is the FrontDoor's business
-(front_door.py). Every response carries X-Request-Id (the
+lifecycle.py), GET /metrics (Prometheus, request_metrics.py). Who may come in, and how many
+at once, is the FrontDoor's business (front_door.py). Every response carries X-Request-Id (the
 client's, when it sent a sane one), and every log line about a request names it. Errors are
 OpenAI ErrorResponse bodies: a LayerserveError with its own status, anything else a generic 500
 whose traceback goes only to the log.
@@ -22,7 +22,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from services.common import tracing
 from services.common.errors import LayerserveError, NotFound, Unauthenticated, Unavailable
+from services.gateway import request_span
 from services.gateway.api_keys import ApiKey, KeyRing
 from services.gateway.backend import Backend, ModelCard
 from services.gateway.front_door import FrontDoor
@@ -42,6 +44,7 @@ from services.gateway.openai_protocol import (
 )
 from services.gateway.openapi import openapi_handler
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
+from services.gateway.request_metrics import error_counter, serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +57,15 @@ LIMITS = web.AppKey("limits", RequestLimits)
 REQUEST_ID = web.RequestKey("request_id", str)
 CALLER = web.RequestKey("caller", ApiKey)
 CLIENT_GAVE_ID = web.RequestKey("client_gave_id", bool)
+SPAN = web.RequestKey("span", object)  # the request's span (request_span.py), when traced
 REQUEST_ID_HEADER = "X-Request-Id"
 # An echoed id lands in headers and logs, so only short, plain ones are taken from the client.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
-_TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context, forwarded to the stack
-# Probes carry no key; the API description is public.
-_UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready", "/openapi.json"})
+# Only generation is traced: probes, listings and scrapes would bury the requests in Jaeger.
+_TRACED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+# Probes carry no key; the API description is public; so are the metrics (Prometheus scrapes
+# them without one: they hold counts and timings, never a prompt or a key).
+_UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready", "/openapi.json", "/metrics"})
 
 
 def create_app(
@@ -72,7 +78,13 @@ def create_app(
     """front_door None: no authentication, no limits beyond `limits`. A front door with keys
     wants `Authorization: Bearer <key>`. lifecycle: readiness for /ready, and the drain (503
     for new requests, a count of those in flight); None: always ready, never draining."""
-    middlewares = [_request_id_middleware, _error_middleware, _auth_middleware]
+    middlewares = [
+        _request_id_middleware,
+        _trace_middleware,  # outside _error_middleware: its span sees the final status
+        error_counter(_UNAUTHENTICATED_PATHS),  # outside _error_middleware: sees its answers
+        _error_middleware,
+        _auth_middleware,
+    ]
     if lifecycle is not None:
         middlewares.append(lifecycle.middleware)
     app = web.Application(middlewares=middlewares, client_max_size=limits.max_body_bytes)
@@ -90,6 +102,7 @@ def create_app(
     app.router.add_get("/health", _health)
     app.router.add_get("/ready", _ready)
     app.router.add_get("/openapi.json", openapi_handler(limits))
+    app.router.add_get("/metrics", serve_metrics)
     return app
 
 
@@ -99,6 +112,24 @@ async def _request_id_middleware(request: web.Request, handler: Handler) -> web.
     request[CLIENT_GAVE_ID] = bool(_SAFE_REQUEST_ID.fullmatch(given))
     request[REQUEST_ID] = given if request[CLIENT_GAVE_ID] else uuid.uuid4().hex
     return await handler(request)
+
+
+@web.middleware
+async def _trace_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The request's span, current while the handler runs: the front door's checks and the
+    choices' spans are its children."""
+    if request.path not in _TRACED_PATHS or not tracing.enabled():
+        return await handler(request)
+    span = request_span.start_http(request.method, request.path, request.headers)
+    request[SPAN] = span
+    status = None
+    try:
+        with tracing.use(span):
+            response = await handler(request)
+        status = response.status
+        return response
+    finally:
+        request_span.end_http(span, status, request[REQUEST_ID])
 
 
 async def _add_request_id_header(request: web.Request, response: web.StreamResponse) -> None:
@@ -158,6 +189,7 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
         # Our own id is the response id, which prefixes the id of every choice in the other
         # services' logs: one grep finds the request everywhere.
         request[REQUEST_ID] = parsed.response_id
+    request_span.describe(request.get(SPAN), parsed.response_id, parsed.requests)
     caller = request[CALLER]
     door = request.app[FRONT_DOOR]
     async with door.admit(caller, parsed.model, request.app[BACKEND], parsed.requests) as backend:
@@ -171,12 +203,16 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
             parsed.stream,
         )
         if parsed.stream:
-            return await respond_stream(request, request[REQUEST_ID], backend, parsed)
-        return await respond_full(backend, parsed)
+            response = await respond_stream(request, request[REQUEST_ID], backend, parsed)
+        else:
+            response = await respond_full(backend, parsed)
+        request_span.settle(request.get(SPAN), getattr(backend, "tally", None))
+        return response
 
 
 def _trace_context(request: web.Request) -> dict[str, str]:
-    return {name: request.headers[name] for name in _TRACE_HEADERS if name in request.headers}
+    """What the choices continue: the request's span, or (not traced here) the client's."""
+    return tracing.forward(request.get(SPAN), request_span.client_context(request.headers))
 
 
 async def _list_models(request: web.Request) -> web.Response:

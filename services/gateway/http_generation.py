@@ -17,12 +17,14 @@ import logging
 
 from aiohttp import web
 
+from services.common import tracing
 from services.common.errors import LayerserveError
 from services.gateway.backend import Backend, GenerationDelta
 from services.gateway.choice_streams import ChoiceStreams, Item, coalesce, merge_deltas
 from services.gateway.http_json import SSE_DONE, error_payload, json_response, sse_event
 from services.gateway.openai_protocol import ParsedRequest
 from services.gateway.openai_responses import ResponseBuilder
+from services.gateway.request_metrics import count_error, error_code
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +48,9 @@ async def respond_full(backend: Backend, parsed: ParsedRequest) -> web.Response:
                 outputs[index].append(item)
     finally:
         streams.close()
-    results = [merge_deltas(deltas) for deltas in outputs]
-    return json_response(ResponseBuilder(parsed).response(results))
+    with tracing.current_child("deliver"):
+        results = [merge_deltas(deltas) for deltas in outputs]
+        return json_response(ResponseBuilder(parsed).response(results))
 
 
 async def respond_stream(
@@ -59,10 +62,12 @@ async def respond_stream(
         _raise_any_error(first)
         response = web.StreamResponse(headers=SSE_HEADERS)
         try:
-            await response.prepare(request)
-            await _write_events(response, streams, ResponseBuilder(parsed), first, request_id)
+            with tracing.current_child("deliver"):  # from the first chunk to the last
+                await response.prepare(request)
+                await _write_events(response, streams, ResponseBuilder(parsed), first, request_id)
         except ConnectionError:  # aiohttp's ClientConnectionResetError is one
             log.info("request %s: client went away mid-stream; aborting", request_id)
+            count_error("cancelled")  # a 200 already: the error middleware cannot see it
         return response
     finally:
         streams.close()
@@ -102,6 +107,7 @@ async def _write_events(
 
 
 def _stream_error_payload(error: BaseException, request_id: str) -> dict:
+    count_error(error_code(error))  # a 200 already: the error middleware cannot see it
     if isinstance(error, LayerserveError):
         log.warning("request %s: failed mid-stream: %s", request_id, error.message)
     else:

@@ -23,8 +23,8 @@ Probe = Callable[[], Awaitable[str | None]]  # why the dependency is not ready, 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 CACHE_SECONDS = 1.0
-# Liveness and readiness answer during a drain too: that is when they matter.
-PROBE_PATHS = frozenset({"/health", "/ready"})
+# Liveness, readiness and the metrics answer during a drain too: that is when they matter.
+PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})
 SHUTTING_DOWN = "the gateway is shutting down; retry on another replica or shortly"
 
 

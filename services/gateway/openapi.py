@@ -104,6 +104,7 @@ def _paths(limits: RequestLimits) -> Schema:
                 },
             }
         },
+        "/metrics": {"get": _metrics()},
     }
 
 
@@ -148,6 +149,15 @@ def _ready() -> Schema:
         "that and while the gateway drains."
     )
     return operation
+
+
+def _metrics() -> Schema:
+    ok = {
+        "description": "The gateway's metrics in the Prometheus text format (`layerserve:*`).",
+        "headers": dict(_REQUEST_ID),
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+    return {"operationId": "metrics", "security": [], "responses": {"200": ok}}
 
 
 def _json(description: str, schema: Schema) -> Schema:

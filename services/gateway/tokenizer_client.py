@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from layerserve.common.v1 import common_pb2
 from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from services.common import tracing
 from services.common.errors import LayerserveError, Unavailable, error_from_code
 from services.common.grpc_util import new_channel
 from services.common.health import SERVING, service_name
 from services.common.mux import MuxClient, MuxProtocol
+from services.gateway import request_span
 from services.gateway.backend import (
     GenerationDelta,
     GenerationRequest,
@@ -28,7 +30,10 @@ _FINISH = {
 }
 
 
-def request_to_proto(req: GenerationRequest) -> tokenizer_pb2.GenerateRequest:
+def request_to_proto(
+    req: GenerationRequest, trace_context: Mapping[str, str] | None = None
+) -> tokenizer_pb2.GenerateRequest:
+    """trace_context: the W3C context the tokenizer continues (default: req.trace_context)."""
     msg = tokenizer_pb2.GenerateRequest(
         request_id=req.request_id,
         model=req.model,
@@ -39,7 +44,9 @@ def request_to_proto(req: GenerationRequest) -> tokenizer_pb2.GenerateRequest:
         ignore_eos=req.ignore_eos,
         skip_special_tokens=req.skip_special_tokens,
         priority=req.priority,
-        trace=common_pb2.TraceContext(carrier=req.trace_context),
+        trace=common_pb2.TraceContext(
+            carrier=req.trace_context if trace_context is None else trace_context
+        ),
         tenant=req.tenant,
         max_prompt_tokens=req.max_prompt_tokens,
     )
@@ -119,9 +126,12 @@ class TokenizerBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         queue: asyncio.Queue = asyncio.Queue()
-        self._mux.submit(request.request_id, request_to_proto(request), queue.put_nowait)
+        span = request_span.start_choice(request)  # None: not traced here
+        message = request_to_proto(request, tracing.forward(span, request.trace_context))
+        self._mux.submit(request.request_id, message, queue.put_nowait)
         want_logprobs = request.sampling.logprobs is not None
         finished = False
+        outcome: BaseException | str | None = "cancelled"  # until the last output comes
         try:
             while True:
                 item = await queue.get()
@@ -130,14 +140,20 @@ class TokenizerBackend:
                     return
                 if isinstance(item, LayerserveError):
                     finished = True
+                    outcome = item
                     raise item
                 if item.finish_reason == common_pb2.FINISH_REASON_ERROR:
                     finished = True
-                    raise error_from_code(item.error.code, item.error.message)
+                    outcome = error_from_code(item.error.code, item.error.message)
+                    raise outcome
+                if item.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+                    outcome = None
+                    request_span.choice_finished(span, item)
                 yield delta_from_proto(item, want_logprobs)
         finally:
             if not finished:
                 self._mux.abort(request.request_id)
+            tracing.finish(span, outcome)
 
     async def list_models(self) -> list[ModelCard]:
         try:

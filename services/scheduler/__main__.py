@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 
+from prometheus_client import REGISTRY
+
 from layerserve.scheduler.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from services.common.drain_gate import DrainGate
-from services.common.grpc_util import add_port, new_server
+from services.common.grpc_util import add_port, new_server, process_tls
 from services.common.health import Health, service_name
 from services.common.logs import setup_logging
+from services.common.metrics import serve_metrics
 from services.common.serve import drain_server, run_service, wait_for_shutdown
+from services.common.tracing import setup_tracing, shutdown_tracing
 from services.scheduler.admin_server import AdminServicer
 from services.scheduler.aliases import AliasTable, load_alias_file
 from services.scheduler.cache_feed import CacheFeed
@@ -17,6 +21,7 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.router import Router
 from services.scheduler.routing import ReplicaPicker, RoutingMode
 from services.scheduler.scheduler import SchedulerLimits
+from services.scheduler.scheduler_metrics import SchedulerCollector
 from services.scheduler.server import SchedulerServicer
 from services.scheduler.worker_admin import WorkerAdmin
 from services.scheduler.worker_link import WorkerLink
@@ -27,6 +32,7 @@ log = logging.getLogger("services.scheduler")
 async def main() -> None:
     config = SchedulerConfig.from_args()
     setup_logging("scheduler")
+    setup_tracing("scheduler")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
     limits = SchedulerLimits(
         config.max_num_batched_tokens,
         config.max_num_seqs,
@@ -67,6 +73,8 @@ async def main() -> None:
     admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
     address = f"{config.host}:{config.port}"
     add_port(server, address)
+    REGISTRY.register(SchedulerCollector(lambda: router.all_links))
+    serve_metrics(config.metrics_port, config.host, process_tls())
     health.start()
     await server.start()
     log.info("scheduler serving on %s for workers %s", address, ", ".join(config.workers))
@@ -84,6 +92,7 @@ async def main() -> None:
     for link in router.all_links:
         await link.stop()
     await feed.stop()
+    shutdown_tracing()  # after the drain: the last requests' spans go out too
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from services.common.env import env_float, env_int, env_list, env_str
+from services.common.metrics import add_metrics_port_flag, check_metrics_port
 from services.common.serve import (
     DEFAULT_DRAIN_TIMEOUT_S,
     add_drain_timeout_flag,
@@ -31,6 +32,7 @@ class SchedulerConfig:
     redis_url: str = field(default="", repr=False)  # "" = no shared prefix index; may hold a secret
     prefix_index_ttl_s: float = 10.0  # a worker's Redis entries outlive its last heartbeat by this
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # on SIGTERM, for requests in flight
+    metrics_port: int = 0  # Prometheus /metrics on --host; 0 = none
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -46,6 +48,7 @@ class SchedulerConfig:
         if not self.prefix_index_ttl_s > 0:
             raise ValueError(f"--prefix-index-ttl must be positive, got {self.prefix_index_ttl_s}")
         check_drain_timeout(self.drain_timeout_s)
+        check_metrics_port(self.metrics_port)
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> SchedulerConfig:
@@ -106,6 +109,7 @@ class SchedulerConfig:
             help="seconds a worker's Redis entries outlive its last heartbeat",
         )
         add_drain_timeout_flag(p)
+        add_metrics_port_flag(p)
         a = p.parse_args(argv)
         workers = a.workers or env_list("SCHEDULER_WORKERS") or ["127.0.0.1:50061"]
         return cls(
@@ -124,4 +128,5 @@ class SchedulerConfig:
             redis_url=a.redis_url,
             prefix_index_ttl_s=a.prefix_index_ttl,
             drain_timeout_s=a.drain_timeout_s,
+            metrics_port=a.metrics_port,
         )

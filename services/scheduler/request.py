@@ -5,9 +5,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from services.common.sampling import SamplingOptions
 from services.scheduler.block_hash import BlockHash
+
+if TYPE_CHECKING:
+    from services.scheduler.request_trace import RequestTrace
 
 
 class Status(enum.Enum):
@@ -36,6 +40,7 @@ class Request:
     priority: int = 0
     tenant: str = ""  # non-secret id of the caller's API key; "" = anonymous
     trace_context: dict[str, str] = field(default_factory=dict)
+    trace: RequestTrace | None = None  # its spans, when the scheduler traces (request_trace.py)
     arrival: float = field(default_factory=time.monotonic)  # restamped by Scheduler.add
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list = field(default_factory=list)

@@ -14,6 +14,7 @@ from services.common.sampling import SamplingOptions
 from services.scheduler.admission import ModelLimits, admit
 from services.scheduler.block_hash import BlockHash, block_hashes
 from services.scheduler.prefix_index import worker_key
+from services.scheduler.request_trace import RequestTrace
 from services.scheduler.routing import Replica, ReplicaPicker
 from services.scheduler.worker_link import WorkerLink
 
@@ -102,8 +103,9 @@ class Router:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def submit(self, msg: scheduler_pb2.Submit) -> None:
-        """Routes and queues a request. Raises NotFound, Unavailable or InvalidArgument."""
+    def submit(self, msg: scheduler_pb2.Submit, trace: RequestTrace | None = None) -> None:
+        """Routes and queues a request. Raises NotFound, Unavailable or InvalidArgument.
+        trace: the request's spans (request_trace.py), None when not traced."""
         if self._only_draining(msg.model):
             raise Unavailable(f"every worker of model `{msg.model}` is draining; retry shortly")
         link, hashes = self._pick(msg.model, msg.request_id, msg.prompt_token_ids)
@@ -129,6 +131,7 @@ class Router:
             tenant=msg.tenant,
         )
         request.block_hashes = hashes  # computed once for routing; the scheduler reuses them
+        request.trace = trace
         link.submit(request)  # first: a full queue raises, and then the link owns nothing
         self._owner[request.request_id] = link
 

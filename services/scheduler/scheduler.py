@@ -91,6 +91,10 @@ class Scheduler:
         # and how many of those had their KV in the cache (hit rate = hits / queries).
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
+        # Tokens served: the prompt of each request once its prefill is done (its first token
+        # sampled), and every sampled token.
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -237,6 +241,8 @@ class Scheduler:
             request.on_worker = False
             self._forget_on_worker.append(request.request_id)
         self.waiting.add(request)
+        if request.trace is not None:
+            request.trace.preempted()
 
     # -- results -----------------------------------------------------------------------------
 
@@ -255,6 +261,9 @@ class Scheduler:
             if request is None or request.status is not Status.RUNNING:
                 continue
             request.output_token_ids.append(sample.token_id)
+            self.num_generation_tokens += 1
+            if len(request.output_token_ids) == 1:
+                self.num_prompt_tokens += request.num_prompt_tokens
             reason = self._stop_reason(request, sample.token_id)
             if reason is not None:
                 self._finish(request, reason)

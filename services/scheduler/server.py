@@ -12,6 +12,7 @@ from services.common.errors import LayerserveError, Unavailable, code_number
 from services.common.mux import Outbox, session_batches
 from services.scheduler.alias_proto import alias_to_proto
 from services.scheduler.aliases import AliasTable
+from services.scheduler.request_trace import RequestTrace
 from services.scheduler.router import Router
 
 log = logging.getLogger(__name__)
@@ -102,12 +103,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._outboxes[submit.request_id] = outbox
         self._models[submit.request_id] = submit.model
         mine.add(submit.request_id)
+        trace = RequestTrace.start(submit)  # None: not traced here
         try:
-            self._router.submit(submit)
+            self._router.submit(submit, trace)
         except LayerserveError as err:
             del self._outboxes[submit.request_id]
             del self._models[submit.request_id]
             outbox.put(_error(submit.request_id, err.message, code=code_number(err)))
+            if trace is not None:
+                trace.rejected(err)
 
     async def GetStats(self, request, context) -> scheduler_pb2.SchedulerStats:
         stats = scheduler_pb2.SchedulerStats()

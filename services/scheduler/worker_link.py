@@ -12,6 +12,7 @@ import grpc
 from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2
 from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
+from services.common import tracing
 from services.common.grpc_util import new_channel
 from services.common.health import service_name
 from services.common.peer_health import PeerHealth
@@ -20,6 +21,8 @@ from services.scheduler.cache_events import CacheEventListener
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import FinishReason, Request
 from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
+from services.scheduler.scheduler_metrics import observe_step
+from services.scheduler.step_trace import StepTrace
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,10 @@ _FINISH = {
 RECONNECT_SECONDS = 1.0
 
 
-def step_to_proto(step: ScheduledStep, step_id: int) -> worker_pb2.StepRequest:
+def step_to_proto(
+    step: ScheduledStep, step_id: int, trace: StepTrace | None = None
+) -> worker_pb2.StepRequest:
+    """trace: the step's spans, whose contexts the worker continues (None: not traced)."""
     msg = worker_pb2.StepRequest(step_id=step_id, finished_ids=step.finished_ids)
     for request, num_new in step.new:
         msg.new_sequences.append(
@@ -55,6 +61,8 @@ def step_to_proto(step: ScheduledStep, step_id: int) -> worker_pb2.StepRequest:
                 request_id=request.request_id, num_new_tokens=num_new, new_block_ids=new_blocks
             )
         )
+    if trace is not None:
+        trace.annotate(msg)
     return msg
 
 
@@ -136,10 +144,14 @@ class WorkerLink:
         """Raises ResourceExhausted when the worker's queue is full."""
         assert self.scheduler is not None, "submit to a link that is not ready"
         self.scheduler.add(request)
+        if request.trace is not None:
+            request.trace.queued(request, self.address)
         self._wakeup.set()
 
     def abort(self, request_id: str) -> None:
-        if self.scheduler is not None and self.scheduler.abort(request_id) is not None:
+        request = self.scheduler.abort(request_id) if self.scheduler is not None else None
+        if request is not None:
+            _end_trace(request)
             self._wakeup.set()
 
     async def _run_forever(self) -> None:
@@ -194,15 +206,28 @@ class WorkerLink:
                     await self._wakeup.wait()
                     continue
                 self._step_id += 1
-                await call.write(step_to_proto(step, self._step_id))
-                result = await call.read()
-                if result is grpc.aio.EOF:
-                    raise grpc.aio.AioRpcError(
-                        grpc.StatusCode.UNAVAILABLE, None, None, "the worker closed the step stream"
-                    )
-                self._apply(result)
+                observe_step(self.info.model if self.info else "", step, scheduler.clock())
+                await self._execute(call, step)
         finally:
             call.cancel()
+
+    async def _execute(self, call: grpc.aio.StreamStreamCall, step: ScheduledStep) -> None:
+        """Sends the step, waits for the worker's result and applies it."""
+        trace = StepTrace.begin(step, self._step_id, self.address)  # None: not traced
+        try:
+            await call.write(step_to_proto(step, self._step_id, trace))
+            result = await call.read()
+            if result is grpc.aio.EOF:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE, None, None, "the worker closed the step stream"
+                )
+        except BaseException as exc:
+            if trace is not None:
+                trace.end(None, type(exc).__name__)
+            raise
+        if trace is not None:
+            trace.end(result)  # first: a request the step finishes ends after its prefill span
+        self._apply(result)
 
     def _apply(self, result: worker_pb2.StepResult) -> None:
         assert self.scheduler is not None
@@ -218,6 +243,9 @@ class WorkerLink:
             for s in result.sampled
         ]
         updated = self.scheduler.update(samples)
+        if tracing.enabled():
+            for request, _ in updated:
+                _trace_token(request)
         if updated:
             self._emit([output_for(request, sample) for request, sample in updated])
 
@@ -231,6 +259,8 @@ class WorkerLink:
                 "starting: the server is overloaded; retry later"
             )
             self._emit([error_output(r.request_id, code, message) for r in expired])
+            for request in expired:
+                _end_trace(request, code.name)
 
     def _fail_all(self, message: str) -> None:
         if self.scheduler is None:
@@ -240,3 +270,18 @@ class WorkerLink:
         if failed:
             code = grpc.StatusCode.UNAVAILABLE
             self._emit([error_output(r.request_id, code, message) for r in failed])
+            for request in failed:
+                _end_trace(request, code.name)
+
+
+def _trace_token(request: Request) -> None:
+    if request.trace is not None:
+        request.trace.sampled()
+        if request.finish_reason is not None:
+            _end_trace(request)
+
+
+def _end_trace(request: Request, error: str | None = None) -> None:
+    if request.trace is not None:
+        request.trace.finish(request, error)
+        request.trace = None

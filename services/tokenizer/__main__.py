@@ -7,10 +7,12 @@ import time
 
 from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.drain_gate import DrainGate
-from services.common.grpc_util import add_port, new_server
+from services.common.grpc_util import add_port, new_server, process_tls
 from services.common.health import Health, service_name
 from services.common.logs import setup_logging
+from services.common.metrics import serve_metrics
 from services.common.serve import drain_server, run_service, wait_for_shutdown
+from services.common.tracing import setup_tracing, shutdown_tracing
 from services.tokenizer.config import TokenizerConfig
 from services.tokenizer.loader import load_tokenizer
 from services.tokenizer.server import TokenizerServicer
@@ -22,6 +24,7 @@ log = logging.getLogger("services.tokenizer")
 async def main() -> None:
     config = TokenizerConfig.from_args()
     setup_logging("tokenizer")
+    setup_tracing("tokenizer")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
     models = {}
     by_path: dict[str | None, TextModel] = {}  # a tokenizer is immutable: names may share one
     for name, path in config.models:
@@ -41,6 +44,7 @@ async def main() -> None:
     health.add_to(server)
     address = f"{config.host}:{config.port}"
     add_port(server, address)
+    serve_metrics(config.metrics_port, config.host, process_tls())
     servicer.scheduler_health.start()
     health.start()
     await server.start()
@@ -55,6 +59,7 @@ async def main() -> None:
         stop_taking=[servicer.stop_taking],
     )
     await servicer.close()
+    shutdown_tracing()  # after the drain: the last requests' spans go out too
 
 
 if __name__ == "__main__":

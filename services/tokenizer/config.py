@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 
 from services.common.env import env_float, env_int, env_list, env_str
+from services.common.metrics import add_metrics_port_flag, check_metrics_port
 from services.common.serve import (
     DEFAULT_DRAIN_TIMEOUT_S,
     add_drain_timeout_flag,
@@ -24,6 +25,7 @@ class TokenizerConfig:
     threads: int
     catalog_ttl: float = 2.0  # seconds between refreshes of the scheduler's models and aliases
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # on SIGTERM, for requests in flight
+    metrics_port: int = 0  # Prometheus /metrics on --host; 0 = none
 
     def __post_init__(self) -> None:
         names = [name for name, _ in self.models]
@@ -34,6 +36,7 @@ class TokenizerConfig:
         if not self.catalog_ttl > 0:
             raise ValueError(f"--catalog-ttl must be positive, got {self.catalog_ttl}")
         check_drain_timeout(self.drain_timeout_s)
+        check_metrics_port(self.metrics_port)
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> TokenizerConfig:
@@ -64,10 +67,20 @@ class TokenizerConfig:
             "one loaded from the path its workers report",
         )
         add_drain_timeout_flag(p)
+        add_metrics_port_flag(p)
         a = p.parse_args(argv)
         specs = a.models or env_list("TOKENIZER_MODELS") or [DEFAULT_MODEL]
         models = tuple(_parse_model(s) for s in specs)
-        return cls(a.host, a.port, a.scheduler, models, a.threads, a.catalog_ttl, a.drain_timeout_s)
+        return cls(
+            a.host,
+            a.port,
+            a.scheduler,
+            models,
+            a.threads,
+            a.catalog_ttl,
+            a.drain_timeout_s,
+            a.metrics_port,
+        )
 
 
 def _parse_model(spec: str) -> tuple[str, str | None]:

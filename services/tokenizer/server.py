@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
-from services.common.errors import InvalidArgument, LayerserveError, Unavailable, code_number
+from services.common import tracing
+from services.common.errors import (
+    InvalidArgument,
+    LayerserveError,
+    Unavailable,
+    code_number,
+    error_from_code,
+)
 from services.common.grpc_util import call_domain, new_channel
 from services.common.health import service_name
 from services.common.mux import MuxClient, MuxProtocol, Outbox, session_batches
@@ -19,8 +27,10 @@ from services.common.peer_health import PeerHealth
 from services.tokenizer.alias_route import AliasRoute, LengthRoute, WeightedRoute
 from services.tokenizer.loader import load_tokenizer
 from services.tokenizer.model_catalog import ModelCatalog, ServedModel, StackView
+from services.tokenizer.request_trace import RequestTrace
 from services.tokenizer.text_model import TextModel
 from services.tokenizer.text_stream import TextStream
+from services.tokenizer.tokenize_metrics import TOKENIZE_TIME
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +114,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         )
         self._sessions: set[Outbox[GenerateOutput]] = set()
         self._draining = False
+        self._traces: dict[str, RequestTrace] = {}  # open requests' spans, when tracing
 
     def readiness(self) -> str | None:
         """Why this service cannot serve now (its tokenizers are loaded before it starts),
@@ -132,7 +143,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     async def _tokenize(self, model_name: str, msg) -> list[int]:
         model = await self._catalog.text_model(model_name)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, tokenize, model, msg)
+        started = time.monotonic()
+        ids = await loop.run_in_executor(self._pool, tokenize, model, msg)
+        TOKENIZE_TIME.labels(model_name).observe(time.monotonic() - started)
+        return ids
 
     async def _prepare(self, request) -> tuple[str, TextModel, list[int]]:
         """Resolves the request's model (an alias picks a target) and tokenizes the prompt
@@ -187,14 +201,14 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             self._sessions.discard(outbox)
             reader.cancel()
             for request_id in list(open_ids):
-                self._mux.abort(request_id)
+                self._abort(request_id)
             open_ids.clear()
 
     async def _read(self, request_iterator, outbox: Outbox, open_ids: set[str]) -> None:
         async for msg in request_iterator:
             for request_id in msg.aborts:
                 open_ids.discard(request_id)
-                self._mux.abort(request_id)
+                self._abort(request_id)
             for request in msg.requests:
                 if request.request_id in open_ids:
                     outbox.put(
@@ -207,23 +221,37 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 open_ids.add(request.request_id)
                 asyncio.ensure_future(self._start(request, outbox, open_ids))
 
+    def _abort(self, request_id: str) -> None:
+        self._mux.abort(request_id)
+        trace = self._traces.get(request_id)
+        if trace is not None:
+            trace.finish(None, aborted=True)
+
     async def _start(self, request, outbox: Outbox, open_ids: set[str]) -> None:
         """Tokenizes off the event loop, then hands the request to the scheduler."""
         request_id = request.request_id
+        trace = RequestTrace.start(request, self._traces)  # None: not traced here
         try:
-            target, model, prompt_ids = await self._prepare(request)
-            check_prompt_length(len(prompt_ids), request.max_prompt_tokens)
+            with tracing.child("tokenize", None if trace is None else trace.span):
+                target, model, prompt_ids = await self._prepare(request)
+                check_prompt_length(len(prompt_ids), request.max_prompt_tokens)
         except LayerserveError as err:
             open_ids.discard(request_id)
             outbox.put(error_output(request_id, err))
+            if trace is not None:
+                trace.finish(None, err)
             return
-        except Exception:
+        except Exception as exc:
             log.exception("tokenizing request %s failed", request_id)
             open_ids.discard(request_id)
             outbox.put(error_output(request_id, LayerserveError("tokenization failed")))
+            if trace is not None:
+                trace.finish(None, exc)
             return
         if request_id not in open_ids:
-            return  # aborted while tokenizing
+            return  # aborted while tokenizing (_abort ended its trace)
+        if trace is not None:
+            trace.tokenized(target, len(prompt_ids))
         stream = TextStream.create(
             model, prompt_ids, list(request.stop), request.skip_special_tokens
         )
@@ -236,17 +264,19 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             stop_token_ids=request.stop_token_ids,
             ignore_eos=request.ignore_eos,
             priority=request.priority,
-            trace=request.trace,
+            trace=request.trace
+            if trace is None
+            else common_pb2.TraceContext(carrier=trace.carrier()),
             tenant=request.tenant,
         )
-        sink = _Sink(request_id, target, stream, outbox, open_ids, self._mux)
+        sink = _Sink(request_id, target, stream, outbox, open_ids, self._mux, trace)
         self._mux.submit(request_id, submit, sink)
 
 
 class _Sink:
     """Receives one request's outputs from the scheduler (inline, on the reading task)."""
 
-    __slots__ = ("request_id", "model_name", "stream", "outbox", "open_ids", "mux")
+    __slots__ = ("request_id", "model_name", "stream", "outbox", "open_ids", "mux", "trace")
 
     def __init__(
         self,
@@ -256,6 +286,7 @@ class _Sink:
         outbox: Outbox,
         open_ids: set[str],
         mux: MuxClient,
+        trace: RequestTrace | None = None,
     ) -> None:
         self.request_id = request_id
         self.model_name = model_name  # the model serving it (an alias's target)
@@ -263,12 +294,13 @@ class _Sink:
         self.outbox = outbox
         self.open_ids = open_ids
         self.mux = mux
+        self.trace = trace
 
     def __call__(self, output) -> None:
         if output is None or self.stream.finished:
             return
         if isinstance(output, LayerserveError):  # the scheduler stream broke
-            self._end(error_output(self.request_id, output))
+            self._end(error_output(self.request_id, output), output)
             return
         if output.finish_reason == common_pb2.FINISH_REASON_ERROR:
             self._end(
@@ -277,11 +309,16 @@ class _Sink:
                     finish_reason=output.finish_reason,
                     error=output.error,
                     model=self.model_name,
-                )
+                ),
+                error_from_code(output.error.code, output.error.message),
             )
             return
         last = output.finish_reason != _UNSPECIFIED
+        trace = self.trace
+        clock = trace.detokenizing() if trace is not None else 0
         delta = self.stream.add(list(output.token_ids), last)
+        if trace is not None:
+            trace.detokenized(clock)
         finish = output.finish_reason
         if delta.stopped:
             finish = common_pb2.FINISH_REASON_STOP
@@ -302,6 +339,8 @@ class _Sink:
         self.outbox.put(out)
         if self.stream.finished:
             self.open_ids.discard(self.request_id)
+            if trace is not None:
+                trace.finish(out)
 
     def _text_logprob(self, lp: common_pb2.TokenLogprob) -> tokenizer_pb2.TextLogprob:
         model = self.stream.model
@@ -318,7 +357,9 @@ class _Sink:
             )
         return msg
 
-    def _end(self, out: GenerateOutput) -> None:
+    def _end(self, out: GenerateOutput, error: LayerserveError) -> None:
         self.stream.finished = True
         self.open_ids.discard(self.request_id)
         self.outbox.put(out)
+        if self.trace is not None:
+            self.trace.finish(None, error)

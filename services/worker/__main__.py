@@ -11,7 +11,9 @@ from services.common.drain_gate import DrainGate
 from services.common.grpc_util import add_port, new_server, process_tls
 from services.common.health import Health, service_name
 from services.common.logs import setup_logging
+from services.common.metrics import serve_metrics
 from services.common.serve import drain_server, run_service, wait_for_shutdown
+from services.common.tracing import setup_tracing, shutdown_tracing
 from services.worker.config import WorkerConfig
 from services.worker.server import Runner, WorkerServicer
 
@@ -46,6 +48,7 @@ def build_runner(config: WorkerConfig) -> Runner:
 async def main() -> None:
     config = WorkerConfig.from_args()
     setup_logging("worker")
+    setup_tracing("worker")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
     process_tls()  # a bad LAYERSERVE_TLS_* fails now, not after the model has loaded
     started = time.perf_counter()
     runner = build_runner(config)
@@ -70,6 +73,7 @@ async def main() -> None:
     health.add_to(server)
     address = f"{config.host}:{config.port}"
     add_port(server, address)
+    serve_metrics(config.metrics_port, config.host, process_tls())
     started = time.perf_counter()
     warming_up = servicer.start_warm_up()  # first: a scheduler's first step queues behind it
     health.start()
@@ -92,6 +96,7 @@ async def main() -> None:
         name="worker",
         busy=lambda: servicer.num_held,
     )
+    shutdown_tracing()  # after the drain: the last steps' spans go out too
 
 
 if __name__ == "__main__":

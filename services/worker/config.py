@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 
 from services.common.env import env_float, env_int, env_str
+from services.common.metrics import add_metrics_port_flag, check_metrics_port
 from services.common.serve import (
     DEFAULT_DRAIN_TIMEOUT_S,
     add_drain_timeout_flag,
@@ -33,6 +34,7 @@ class WorkerConfig:
     null: bool
     step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # on SIGTERM, for requests it holds
+    metrics_port: int = 0  # Prometheus /metrics on --host; 0 = none
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -44,6 +46,7 @@ class WorkerConfig:
         if not self.step_timeout_s > 0:
             raise ValueError(f"--step-timeout-s must be positive, got {self.step_timeout_s}")
         check_drain_timeout(self.drain_timeout_s)
+        check_metrics_port(self.metrics_port)
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> WorkerConfig:
@@ -80,6 +83,7 @@ class WorkerConfig:
             help="an engine step running longer is taken as hung: NOT_SERVING until one returns",
         )
         add_drain_timeout_flag(p)
+        add_metrics_port_flag(p)
         a = p.parse_args(argv)
         return cls(
             a.host,
@@ -96,4 +100,5 @@ class WorkerConfig:
             a.null,
             a.step_timeout_s,
             a.drain_timeout_s,
+            a.metrics_port,
         )

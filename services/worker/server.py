@@ -18,6 +18,8 @@ from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.sampling import SamplingOptions
 from services.worker.config import DEFAULT_STEP_TIMEOUT_S
 from services.worker.plan import NewSequence, RunningSequence, Sampled, StepPlan
+from services.worker.step_metrics import MODEL_FORWARD_TIME
+from services.worker.step_trace import StepTrace
 from services.worker.step_watch import StepWatch
 from services.worker.warm_up import warm_up
 
@@ -144,7 +146,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             async for msg in request_iterator:
                 plan = plan_from_proto(msg)
-                result = await self._in_step_thread(self._run_step, plan)
+                result = await self._traced_step(msg, plan)
                 result.step_id = msg.step_id
                 held.difference_update(plan.finished_ids)
                 if not result.HasField("error"):
@@ -158,6 +160,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 held.clear()
                 log.info("scheduler stream closed; dropped %d requests", dropped)
 
+    async def _traced_step(
+        self, msg: worker_pb2.StepRequest, plan: StepPlan
+    ) -> worker_pb2.StepResult:
+        """Runs the step on the model thread, inside its spans when traced (step_trace.py)."""
+        trace = StepTrace.begin(msg)  # None: not traced
+        if trace is None:
+            return await self._in_step_thread(self._run_step, plan)
+        try:
+            result = await self._in_step_thread(self._run_step, plan)
+        except BaseException as exc:
+            trace.end(None, exc)
+            raise
+        trace.end(result)
+        return result
+
     def _run_step(self, plan: StepPlan) -> worker_pb2.StepResult:
         started = time.perf_counter_ns()
         try:
@@ -169,7 +186,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message=str(err)
                 ),
             )
+        forward_ns = time.perf_counter_ns() - started
+        MODEL_FORWARD_TIME.labels(self._model_name).observe(forward_ns / 1e9)
         return worker_pb2.StepResult(
-            sampled=[sampled_to_proto(s) for s in sampled],
-            forward_ns=time.perf_counter_ns() - started,
+            sampled=[sampled_to_proto(s) for s in sampled], forward_ns=forward_ns
         )

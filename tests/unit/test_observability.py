@@ -65,8 +65,9 @@ def test_prometheus_scrapes_every_service_where_it_serves_metrics(compose) -> No
     }
     expected = {"gateway": [f"gateway:{service_config(compose, 'gateway').http_port}"]}
     for name in ("tokenizer", "scheduler", "worker"):
-        port = compose["services"][name]["environment"]["LAYERSERVE_METRICS_PORT"]
-        expected[name] = [f"{name}:{port}"]
+        config = service_config(compose, name)  # its metrics server is on, on every interface
+        assert config.metrics_port > 0 and config.host == "0.0.0.0", name
+        expected[name] = [f"{name}:{config.metrics_port}"]
     assert targets == expected
     assert set(targets) == set(LAYERSERVE_SERVICES)
 

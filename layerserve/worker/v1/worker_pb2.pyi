@@ -56,26 +56,30 @@ class NewSequence(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
 
 class RunningSequence(_message.Message):
-    __slots__ = ("request_id", "num_new_tokens", "new_block_ids")
+    __slots__ = ("request_id", "num_new_tokens", "new_block_ids", "trace")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_new_tokens: int
     new_block_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., num_new_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    trace: _common_pb2.TraceContext
+    def __init__(self, request_id: _Optional[str] = ..., num_new_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("step_id", "new_sequences", "running", "finished_ids")
+    __slots__ = ("step_id", "new_sequences", "running", "finished_ids", "trace")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     FINISHED_IDS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_sequences: _containers.RepeatedCompositeFieldContainer[NewSequence]
     running: _containers.RepeatedCompositeFieldContainer[RunningSequence]
     finished_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, step_id: _Optional[int] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningSequence, _Mapping]]] = ..., finished_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    trace: _common_pb2.TraceContext
+    def __init__(self, step_id: _Optional[int] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningSequence, _Mapping]]] = ..., finished_ids: _Optional[_Iterable[str]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
 
 class SampledToken(_message.Message):
     __slots__ = ("request_id", "token_id", "logprob")

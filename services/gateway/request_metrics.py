@@ -1,0 +1,166 @@
+"""What the gateway measures, as the client sees it, and its GET /metrics.
+
+Per choice (an OpenAI request with n=2 is observed twice), from the moment the front door
+starts admitting the request: the time to its first generated token, the mean time per output
+token after that ((last - first) / (completion tokens - 1)), and the end-to-end latency once it
+finishes, with the model that served it (an alias's target). Every request that ends in an
+error counts once under `code`: the `code` of the OpenAI error body it got (for the stack's own
+errors the gRPC status name, lowercased: `resource_exhausted`, `invalid_argument`, ...), with
+`cancelled` for a client that went away before its answer ended. Prompt and generation token
+counts are the scheduler's (services/scheduler/scheduler_metrics.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from services.common import metrics
+from services.common.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    Internal,
+    InvalidArgument,
+    LayerserveError,
+    NotFound,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
+from services.gateway.backend import GenerationDelta
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+TIME_TO_FIRST_TOKEN = metrics.histogram(
+    "time_to_first_token_seconds",
+    "Time from a request's admission at the gateway to its first generated token, per choice.",
+    metrics.LATENCY_BUCKETS,
+    ("model",),
+)
+TIME_PER_OUTPUT_TOKEN = metrics.histogram(
+    "time_per_output_token_seconds",
+    "Mean time per output token after the first, per finished choice.",
+    metrics.TOKEN_LATENCY_BUCKETS,
+    ("model",),
+)
+E2E_LATENCY = metrics.histogram(
+    "e2e_request_latency_seconds",
+    "Time from a request's admission at the gateway to its last token, per finished choice.",
+    metrics.REQUEST_BUCKETS,
+    ("model",),
+)
+FINISHED = metrics.counter(
+    "request_success_total",
+    "Choices that finished, by why they stopped (stop: EOS or a stop sequence; length).",
+    ("model", "finished_reason"),
+)
+IN_FLIGHT = metrics.gauge(
+    "requests_in_flight", "Generation requests admitted by this gateway and not yet answered."
+)
+RATE_LIMITED = metrics.counter(
+    "rate_limit_rejections_total",
+    "Requests refused with 429 because their API key was over a limit "
+    "(limit: concurrent, or rate: requests or tokens per minute).",
+    ("limit",),
+)
+ERRORS = metrics.counter(
+    "request_errors_total",
+    "Requests that ended in an error, by the error body's code (gRPC status names for the "
+    "stack's own errors; cancelled: the client went away).",
+    ("code",),
+)
+
+# The HTTP status of each of the stack's errors names its gRPC code one-to-one (errors.py).
+_CODE_OF_STATUS = {
+    cls.http_status: cls.grpc_code.name.lower()
+    for cls in (
+        InvalidArgument,
+        Unauthenticated,
+        NotFound,
+        ResourceExhausted,
+        Cancelled,
+        Internal,
+        Unavailable,
+        DeadlineExceeded,
+    )
+}
+
+
+def error_code(error: BaseException) -> str:
+    if isinstance(error, LayerserveError):
+        return error.grpc_code.name.lower()
+    return "internal"
+
+
+def count_error(code: str) -> None:
+    ERRORS.labels(code=code).inc()
+
+
+def status_code(status: int) -> str:
+    """The code an error response of this status carries: the stack's own errors map to gRPC
+    codes; aiohttp's (no route, wrong method, body too large) to their reason phrase, as their
+    error bodies say (http_json.http_exception_response)."""
+    if status in _CODE_OF_STATUS:
+        return _CODE_OF_STATUS[status]
+    try:
+        return HTTPStatus(status).phrase.lower().replace(" ", "_")
+    except ValueError:
+        return str(status)
+
+
+def error_counter(skip: frozenset[str]) -> Callable:
+    """Middleware counting every error response, and every request whose client went away
+    before the answer (its handler cancelled), except on the paths in `skip` (probes, the
+    API document, /metrics). Place it outside the middleware that turns errors into
+    responses."""
+
+    @web.middleware
+    async def count_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in skip:
+            return await handler(request)
+        try:
+            response = await handler(request)
+        except asyncio.CancelledError:
+            count_error("cancelled")
+            raise
+        if response.status >= 400:
+            count_error(status_code(response.status))
+        return response
+
+    return count_errors
+
+
+async def serve_metrics(request: web.Request) -> web.Response:
+    """GET /metrics: this process's metrics in the Prometheus text format."""
+    body = generate_latest(REGISTRY)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class ChoiceTimer:
+    """Times one choice from `started` (time.monotonic()) through the deltas it produces."""
+
+    __slots__ = ("_started", "_model", "_first")
+
+    def __init__(self, started: float, model: str) -> None:
+        self._started = started
+        self._model = model
+        self._first: float | None = None
+
+    def add(self, delta: GenerationDelta) -> None:
+        now = time.monotonic()
+        model = delta.model or self._model
+        if self._first is None and delta.token_ids:
+            self._first = now
+            TIME_TO_FIRST_TOKEN.labels(model).observe(now - self._started)
+        if delta.finish_reason is None:
+            return
+        E2E_LATENCY.labels(model).observe(now - self._started)
+        FINISHED.labels(model, delta.finish_reason).inc()
+        if self._first is not None and delta.completion_tokens > 1:
+            per_token = (now - self._first) / (delta.completion_tokens - 1)
+            TIME_PER_OUTPUT_TOKEN.labels(model).observe(per_token)

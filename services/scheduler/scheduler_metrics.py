@@ -1,0 +1,129 @@
+"""What the scheduler measures, per model and per worker replica (`worker`: its address).
+
+Read at scrape time from each link's Scheduler (SchedulerCollector): requests running and
+waiting, KV cache usage, and its counters (prefix cache queries and hits in tokens,
+preemptions, prompt and generation tokens, queue rejections and timeouts). The counters are
+the Scheduler's own, so they restart from 0 when a worker reconnects (Prometheus' rate()
+takes that as a counter reset). Observed once per engine step (observe_step): the tokens the
+step computes, and the queue time of each request it starts for the first time.
+
+Prompt tokens count once a request's prefill is done (its first token sampled), whether it
+came from the cache or not; generation tokens count every sampled token. This is where the
+stack counts tokens: the gateway does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from layerserve.worker.v1 import worker_pb2
+from services.common import metrics
+from services.scheduler.scheduler import ScheduledStep, Scheduler
+
+LABELS = ("model", "worker")
+
+QUEUE_TIME = metrics.histogram(
+    "request_queue_time_seconds",
+    "Time a request waited in its worker's queue before its first step.",
+    metrics.LATENCY_BUCKETS,
+    ("model",),
+)
+ITERATION_TOKENS = metrics.histogram(
+    "iteration_tokens_total",
+    "Tokens computed per engine step (prefill chunks and decodes together).",
+    metrics.TOKEN_BUCKETS,
+    ("model",),
+)
+
+_GAUGES: tuple[tuple[str, str, Callable[[Scheduler], float]], ...] = (
+    ("num_requests_running", "Requests in the running batch.", lambda s: len(s.running)),
+    ("num_requests_waiting", "Requests queued to start or resume.", lambda s: s.num_waiting),
+    (
+        "kv_cache_usage_perc",
+        "Fraction of the worker's KV blocks in use (1 = full; cached blocks nobody uses "
+        "count as free).",
+        lambda s: 1.0 - s.kv.pool.num_free / s.kv.pool.num_blocks,
+    ),
+)
+_COUNTERS: tuple[tuple[str, str, Callable[[Scheduler], float]], ...] = (
+    (
+        "prefix_cache_queries",
+        "Tokens of the requests started or resumed with prefix caching on.",
+        lambda s: s.num_prefix_query_tokens,
+    ),
+    (
+        "prefix_cache_hits",
+        "Of those, the tokens whose KV came from the prefix cache.",
+        lambda s: s.num_prefix_hit_tokens,
+    ),
+    (
+        "num_preemptions",
+        "Running requests preempted (blocks freed, recomputed later).",
+        lambda s: s.num_preemptions,
+    ),
+    (
+        "prompt_tokens",
+        "Prompt tokens of requests whose prefill is done.",
+        lambda s: s.num_prompt_tokens,
+    ),
+    ("generation_tokens", "Tokens sampled.", lambda s: s.num_generation_tokens),
+    (
+        "queue_full_rejections",
+        "Requests refused (RESOURCE_EXHAUSTED) because the worker's queue was full.",
+        lambda s: s.num_rejected,
+    ),
+    (
+        "queue_timeouts",
+        "Requests ended (DEADLINE_EXCEEDED) after waiting too long to start.",
+        lambda s: s.num_expired,
+    ),
+)
+
+
+class Link(Protocol):
+    """What the collector reads of a WorkerLink."""
+
+    address: str
+    info: worker_pb2.WorkerInfo | None  # once connected
+    scheduler: Scheduler | None
+
+
+class SchedulerCollector(Collector):
+    """Reads every link's Scheduler when Prometheus scrapes. Runs on the metrics server's
+    thread: it only reads lengths and integers, and a value a step changes meanwhile shows
+    up at the next scrape."""
+
+    def __init__(self, links: Callable[[], Sequence[Link]]) -> None:
+        self._links = links
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        gauges = [
+            (GaugeMetricFamily(metrics.PREFIX + name, doc, labels=LABELS), read)
+            for name, doc, read in _GAUGES
+        ]
+        counters = [
+            (CounterMetricFamily(metrics.PREFIX + name, doc, labels=LABELS), read)
+            for name, doc, read in _COUNTERS
+        ]
+        for link in list(self._links()):
+            scheduler, info = link.scheduler, link.info
+            if scheduler is None or info is None:
+                continue  # not connected: nothing to say, and no model to say it for
+            labels = [info.model, link.address]
+            for family, read in gauges + counters:
+                family.add_metric(labels, read(scheduler))
+        for family, _ in gauges + counters:
+            yield family
+
+
+def observe_step(model: str, step: ScheduledStep, now: float) -> None:
+    """Called once per step sent to the worker, with the scheduler's clock."""
+    if step.num_tokens:  # not a step that only tells the worker to forget requests
+        ITERATION_TOKENS.labels(model).observe(step.num_tokens)
+    for request, _ in step.new:
+        if request.num_preemptions == 0:  # its first start; later ones resume it
+            QUEUE_TIME.labels(model).observe(now - request.arrival)
