@@ -1,0 +1,1 @@
+"""Triton kernels for the worker: each op is its jit code, a host wrapper and a torch reference."""
