@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from services.launcher import Stack, StackConfig
+from services.stack import Stack, StackConfig
 
 API_KEY = "bench-routing"
 MODEL = "smollm2-135m-instruct"

@@ -24,8 +24,8 @@ from benchmarks.hf_baseline import hf_generate, hf_model
 from benchmarks.offline import OfflineEngine
 from benchmarks.service import run_through_gateway
 from benchmarks.workload import Item, describe, uniform_workload
-from services.launcher import Stack, StackConfig
 from services.scheduler.scheduler import SchedulerLimits
+from services.stack import Stack, StackConfig
 from services.worker.kv_cache import PagedKVCache
 from services.worker.model.loader import LoadedModel, default_path, load_model
 from services.worker.model_runner import ModelRunner

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.launcher import Stack, StackConfig
+from services.stack import Stack, StackConfig
 
 API_KEY = "e2e-test-key"
 MODEL = "smollm2-135m-instruct"

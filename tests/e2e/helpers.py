@@ -9,7 +9,7 @@ import grpc
 import httpx
 
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from services.launcher import Stack
+from services.stack import Stack
 from tests.e2e.conftest import API_KEY
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -14,7 +14,7 @@ import grpc
 import httpx
 
 from layerserve.scheduler.v1 import admin_pb2, admin_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from services.launcher import Stack
+from services.stack import Stack
 from tests.e2e.conftest import API_KEY, MODEL
 
 T = TypeVar("T")

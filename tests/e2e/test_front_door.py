@@ -16,7 +16,7 @@ import pytest
 
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.gateway.api_keys import hash_key
-from services.launcher import Stack, StackConfig
+from services.stack import Stack, StackConfig
 from tests.e2e.conftest import MODEL, free_ports
 from tests.openai_schema import validate
 

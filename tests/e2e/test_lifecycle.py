@@ -27,7 +27,7 @@ from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from layerserve.worker.v1 import worker_pb2
 from services.common.grpc_util import new_sync_channel
 from services.common.health import NOT_SERVING, SERVING, service_name
-from services.launcher import Stack, StackConfig
+from services.stack import Stack, StackConfig
 from tests.e2e.conftest import API_KEY, MODEL, free_ports
 from tests.e2e.helpers import AUTH, sse_events
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from layerserve.gateway.v1 import gateway_pb2
-from services.launcher import Stack, StackConfig
+from services.stack import Stack, StackConfig
 from tests.e2e.conftest import API_KEY, MODEL, free_ports
 from tests.e2e.helpers import chat_body, grpc_generate, post, stream
 from tests.prometheus_text import Scrape

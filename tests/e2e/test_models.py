@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from layerserve.scheduler.v1 import admin_pb2
-from services.launcher import Stack, StackConfig
+from services.stack import Stack, StackConfig
 from services.stack_file import ModelSpec
 from tests.e2e.conftest import MODEL, free_ports
 from tests.e2e.helpers import sse_events

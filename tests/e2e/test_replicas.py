@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.launcher import Stack, StackConfig
+from services.stack import Stack, StackConfig
 from tests.e2e.conftest import API_KEY, MODEL, free_ports
 
 pytestmark = pytest.mark.e2e

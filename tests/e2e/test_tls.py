@@ -17,7 +17,7 @@ from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.grpc_util import new_sync_channel
 from services.common.tls import TlsSettings
-from services.launcher import Stack, StackConfig
+from services.stack import Stack, StackConfig
 from tests.e2e.conftest import API_KEY, MODEL, free_ports
 from tests.tls_certs import TestCA
 

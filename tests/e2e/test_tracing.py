@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from services.launcher import Stack, StackConfig
+from services.stack import Stack, StackConfig
 from tests.e2e.conftest import free_ports
 from tests.e2e.otlp_collector import Collector, ReceivedSpan, running_collector
 

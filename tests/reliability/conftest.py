@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.launcher import Stack, StackConfig
+from services.stack import Stack, StackConfig
 from tests.e2e.conftest import free_ports
 
 API_KEY = "reliability-test-key"

@@ -18,7 +18,7 @@ from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
-from services.launcher import Stack
+from services.stack import Stack
 from tests.reliability.conftest import API_KEY, MODEL, serves_normally, worker_stats
 from tests.reliability.grpc_checks import (
     CALL_TIMEOUT,

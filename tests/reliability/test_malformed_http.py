@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from services.gateway.request_limits import DEFAULT_LIMITS
-from services.launcher import Stack
+from services.stack import Stack
 from tests.openai_schema import validate
 from tests.reliability.conftest import AUTH, MODEL, serves_normally
 

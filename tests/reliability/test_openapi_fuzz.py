@@ -30,7 +30,7 @@ from schemathesis.checks import (
 from services.gateway.http_json import dumps
 from services.gateway.openapi import openapi_document
 from services.gateway.request_limits import DEFAULT_LIMITS
-from services.launcher import Stack
+from services.stack import Stack
 from tests.reliability.conftest import AUTH, MODEL, serves_normally
 
 REQUEST_TIMEOUT = 30.0  # seconds; a request still unanswered then is a hang

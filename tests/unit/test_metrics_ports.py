@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.launcher import StackConfig, parse_args
+from services.launcher import parse_args
 from services.scheduler.config import SchedulerConfig
+from services.stack import StackConfig
 from services.tokenizer.config import TokenizerConfig
 from services.worker.config import WorkerConfig
 

@@ -1,0 +1,113 @@
+"""The tokenizer's side of one request: the scheduler's token outputs in, text outputs out."""
+
+from __future__ import annotations
+
+from layerserve.common.v1 import common_pb2
+from layerserve.tokenizer.v1 import tokenizer_pb2
+from services.common.errors import LayerserveError, code_number, error_from_code
+from services.common.mux import MuxClient, Outbox
+from services.tokenizer.request_trace import RequestTrace
+from services.tokenizer.text_stream import TextStream
+
+GenerateOutput = tokenizer_pb2.GenerateOutput
+_UNSPECIFIED = common_pb2.FINISH_REASON_UNSPECIFIED
+
+
+def error_output(request_id: str, err: LayerserveError) -> GenerateOutput:
+    return GenerateOutput(
+        request_id=request_id,
+        finish_reason=common_pb2.FINISH_REASON_ERROR,
+        error=common_pb2.Status(code=code_number(err), message=err.message),
+    )
+
+
+class OutputSink:
+    """Receives one request's outputs from the scheduler (inline, on the reading task)."""
+
+    __slots__ = ("request_id", "model_name", "stream", "outbox", "open_ids", "mux", "trace")
+
+    def __init__(
+        self,
+        request_id: str,
+        model_name: str,
+        stream: TextStream,
+        outbox: Outbox,
+        open_ids: set[str],
+        mux: MuxClient,
+        trace: RequestTrace | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.model_name = model_name  # the model serving it (an alias's target)
+        self.stream = stream
+        self.outbox = outbox
+        self.open_ids = open_ids
+        self.mux = mux
+        self.trace = trace
+
+    def __call__(self, output) -> None:
+        if output is None or self.stream.finished:
+            return
+        if isinstance(output, LayerserveError):  # the scheduler stream broke
+            self._end(error_output(self.request_id, output), output)
+            return
+        if output.finish_reason == common_pb2.FINISH_REASON_ERROR:
+            self._end(
+                GenerateOutput(
+                    request_id=self.request_id,
+                    finish_reason=output.finish_reason,
+                    error=output.error,
+                    model=self.model_name,
+                ),
+                error_from_code(output.error.code, output.error.message),
+            )
+            return
+        last = output.finish_reason != _UNSPECIFIED
+        trace = self.trace
+        clock = trace.detokenizing() if trace is not None else 0
+        delta = self.stream.add(list(output.token_ids), last)
+        if trace is not None:
+            trace.detokenized(clock)
+        finish = output.finish_reason
+        if delta.stopped:
+            finish = common_pb2.FINISH_REASON_STOP
+            if not last:
+                self.mux.abort(self.request_id)  # free its KV now, not at max_tokens
+        out = GenerateOutput(
+            request_id=self.request_id,
+            text=delta.text,
+            token_ids=output.token_ids,
+            finish_reason=finish,
+            prompt_tokens=self.stream.prompt_tokens,
+            completion_tokens=self.stream.completion_tokens,
+            cached_tokens=output.cached_tokens,
+            model=self.model_name,
+        )
+        for lp in output.logprobs:
+            out.logprobs.append(self._text_logprob(lp))
+        self.outbox.put(out)
+        if self.stream.finished:
+            self.open_ids.discard(self.request_id)
+            if trace is not None:
+                trace.finish(out)
+
+    def _text_logprob(self, lp: common_pb2.TokenLogprob) -> tokenizer_pb2.TextLogprob:
+        model = self.stream.model
+        msg = tokenizer_pb2.TextLogprob(
+            token=model.token_text(lp.token_id),
+            token_bytes=model.token_bytes(lp.token_id),
+            logprob=lp.logprob,
+        )
+        for top in lp.top:
+            msg.top.add(
+                token=model.token_text(top.token_id),
+                token_bytes=model.token_bytes(top.token_id),
+                logprob=top.logprob,
+            )
+        return msg
+
+    def _end(self, out: GenerateOutput, error: LayerserveError) -> None:
+        self.stream.finished = True
+        self.open_ids.discard(self.request_id)
+        self.outbox.put(out)
+        if self.trace is not None:
+            self.trace.finish(None, error)
