@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import shutil
 
-import pytest
+# Triton reads TRITON_INTERPRET when a kernel is decorated (at import), so it is set before any
+# test module can import one: without an NVIDIA GPU, kernels run in Triton's interpreter. Worker
+# processes the tests start inherit it, harmless: they run torch ops on the CPU unless forced.
+if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tests.redis_server import RedisServer
+from collections.abc import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.redis_server import RedisServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,8 @@ def build_runner(config: WorkerConfig) -> Runner:
     device = config.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        _require_platform(device, config.dtype)
     return ModelRunner.create(
         path=config.model_path,
         dtype=config.dtype,
@@ -42,7 +44,21 @@ def build_runner(config: WorkerConfig) -> Runner:
         num_blocks=config.num_blocks,
         kv_cache_bytes=int(config.kv_cache_gb * 2**30),
         max_model_len=config.max_model_len,
+        kernels=config.kernels,
     )
+
+
+def _require_platform(device: str, dtype: str) -> None:
+    """Ends the process with one clear line when driver, CUDA, torch and triton do not fit."""
+    from services.worker.kernels.platform_check import PlatformMismatch, require_platform
+
+    try:
+        require_platform(device, dtype)
+    except PlatformMismatch as e:
+        raise SystemExit(
+            f"worker: cannot run on {device} in {dtype}: {e} "
+            "(`python -m services.worker.doctor` reports every version)"
+        ) from None
 
 
 async def main() -> None:
@@ -53,10 +69,11 @@ async def main() -> None:
     started = time.perf_counter()
     runner = build_runner(config)
     log.info(
-        "loaded %s on %s (%s) in %.1fs: %d KV blocks of %d tokens, max length %d",
+        "loaded %s on %s (%s, %s kernels) in %.1fs: %d KV blocks of %d tokens, max length %d",
         config.model_name + (" (null worker)" if config.null else ""),
         runner.device,
         runner.dtype,
+        runner.kernels,
         time.perf_counter() - started,
         runner.num_blocks,
         runner.block_size,

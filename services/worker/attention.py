@@ -1,8 +1,9 @@
 """Attention over the paged KV cache for one flattened, variable-length batch.
 
-AttentionMetadata is built once per step and shared by every layer. paged_attention is the seam
-where a fused GPU kernel can replace the torch implementation below; the torch version batches
-all single-token decode sequences into one SDPA call and runs each prefill chunk on its own."""
+AttentionMetadata is built once per step and shared by every layer. Its `kernels` says who runs
+paged_attention and write_kv: the Triton kernels (triton_attention.py; one launch over the whole
+mixed step) or the torch implementation below, which batches all single-token decode sequences
+into one SDPA call and runs each prefill chunk on its own."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from services.worker.kv_cache import gather_blocks
+from services.worker.kv_cache import PagedKVCache, gather_blocks
 
 
 @dataclass(slots=True)
@@ -44,8 +45,12 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int64: flat cache slot of each new token's K/V
     positions: torch.Tensor  # [T] int64: position of each new token in its sequence
     block_size: int
-    decode: DecodeGroup | None
-    prefills: list[PrefillChunk]
+    decode: DecodeGroup | None  # torch path only
+    prefills: list[PrefillChunk]  # torch path only
+    kernels: str = "torch"  # or "triton" (kernel_choice.py)
+    context_lens_device: torch.Tensor | None = None  # [S] int64, triton path only
+    max_query_len: int = 0
+    max_context_len: int = 0
 
     @classmethod
     def build(
@@ -55,8 +60,11 @@ class AttentionMetadata:
         block_tables: list[list[int]],
         block_size: int,
         device: torch.device,
+        kernels: str = "torch",
     ) -> AttentionMetadata:
-        """Lays out S sequences; each block table must cover its context (checked by the caller)."""
+        """Lays out S sequences; each block table must cover its context (checked by the caller).
+
+        The torch path's decode group and prefill masks are built only for kernels="torch"."""
         starts = [0]
         for length in query_lens:
             starts.append(starts[-1] + length)
@@ -67,6 +75,14 @@ class AttentionMetadata:
         positions, seq_of_token = _positions(query_lens, context_lens)
         blocks = tables[seq_of_token, positions // block_size]
         slots = blocks * block_size + positions % block_size
+        decode: DecodeGroup | None = None
+        prefills: list[PrefillChunk] = []
+        device_lens: torch.Tensor | None = None
+        if kernels == "torch":
+            decode = _decode_group(starts, query_lens, context_lens, tables, block_size, device)
+            prefills = _prefill_chunks(starts, query_lens, context_lens, tables, block_size, device)
+        else:
+            device_lens = torch.tensor(context_lens, dtype=torch.int64, device=device)
         return cls(
             query_start=torch.tensor(starts, dtype=torch.int64, device=device),
             query_lens=list(query_lens),
@@ -75,8 +91,12 @@ class AttentionMetadata:
             slot_mapping=slots.to(device),
             positions=positions.to(device),
             block_size=block_size,
-            decode=_decode_group(starts, query_lens, context_lens, tables, block_size, device),
-            prefills=_prefill_chunks(starts, query_lens, context_lens, tables, block_size, device),
+            decode=decode,
+            prefills=prefills,
+            kernels=kernels,
+            context_lens_device=device_lens,
+            max_query_len=max(query_lens),
+            max_context_len=max(context_lens),
         )
 
     @property
@@ -148,6 +168,11 @@ def paged_attention(
     """Attention of new queries over cached keys/values (the new K/V must already be written).
 
     q: [T, H, D]; layer_cache: K and V [num_blocks, block_size, Hkv, D]. Returns [T, H, D]."""
+    if attn.kernels == "triton":
+        # Imported here: a torch-only worker (every CPU one) never loads Triton.
+        from services.worker.triton_attention import triton_paged_attention
+
+        return triton_paged_attention(q, layer_cache, attn)
     k_cache, v_cache = layer_cache
     out = torch.empty_like(q)
     if attn.decode is not None:
@@ -158,6 +183,18 @@ def paged_attention(
             q[chunk.start : chunk.end], k_cache, v_cache, chunk
         )
     return out
+
+
+def write_kv(
+    cache: PagedKVCache, layer: int, k: torch.Tensor, v: torch.Tensor, attn: AttentionMetadata
+) -> None:
+    """Stores the step's new k, v [T, Hkv, D] of one layer at attn.slot_mapping."""
+    if attn.kernels == "triton":
+        from services.worker.kernels.cache_write import write_kv_cache
+
+        write_kv_cache(k, v, *cache.layer(layer), attn.slot_mapping)
+    else:
+        cache.write(layer, k, v, attn.slot_mapping)
 
 
 def _decode_attention(

@@ -13,6 +13,8 @@ from services.common.serve import (
     check_drain_timeout,
 )
 
+KERNEL_CHOICES = ("auto", "torch", "triton")  # --kernels; resolved in kernel_choice.py
+
 # An engine step that has not returned after this long counts as hung: the worker reports
 # NOT_SERVING until a step returns. Generous: a long prefill on a CPU takes seconds.
 DEFAULT_STEP_TIMEOUT_S = 120.0
@@ -35,6 +37,7 @@ class WorkerConfig:
     step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # on SIGTERM, for requests it holds
     metrics_port: int = 0  # Prometheus /metrics on --host; 0 = none
+    kernels: str = "auto"  # attention and KV writes: auto (triton on CUDA), torch or triton
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -47,6 +50,8 @@ class WorkerConfig:
             raise ValueError(f"--step-timeout-s must be positive, got {self.step_timeout_s}")
         check_drain_timeout(self.drain_timeout_s)
         check_metrics_port(self.metrics_port)
+        if self.kernels not in KERNEL_CHOICES:
+            raise ValueError(f"--kernels must be one of {KERNEL_CHOICES}, got {self.kernels!r}")
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> WorkerConfig:
@@ -82,6 +87,13 @@ class WorkerConfig:
             default=env_float("STEP_TIMEOUT_S", DEFAULT_STEP_TIMEOUT_S),
             help="an engine step running longer is taken as hung: NOT_SERVING until one returns",
         )
+        p.add_argument(
+            "--kernels",
+            choices=KERNEL_CHOICES,
+            default=env_str("WORKER_KERNELS", "auto"),
+            help="attention and KV cache writes: Triton kernels or torch ops (auto: Triton on "
+            "CUDA, torch on the CPU; triton on the CPU needs TRITON_INTERPRET=1)",
+        )
         add_drain_timeout_flag(p)
         add_metrics_port_flag(p)
         a = p.parse_args(argv)
@@ -101,4 +113,5 @@ class WorkerConfig:
             a.step_timeout_s,
             a.drain_timeout_s,
             a.metrics_port,
+            a.kernels,
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from services.worker.attention import AttentionMetadata
+from services.worker.kernel_choice import resolve_kernels
 from services.worker.kv_cache import PagedKVCache, num_blocks_for_bytes
 from services.worker.model.loader import LoadedModel, default_path, load_model
 from services.worker.plan import Sampled, StepPlan
@@ -38,7 +39,9 @@ class ModelRunner:
         *,
         max_model_len: int,
         model_name: str,
+        kernels: str = "auto",
     ) -> None:
+        """kernels: --kernels (auto, torch or triton; kernel_choice.py); ValueError if unusable."""
         self._loaded = loaded
         self._model = loaded.model
         self._cache = kv_cache
@@ -47,6 +50,7 @@ class ModelRunner:
         self._model_name = model_name
         self._device = loaded.model.embed_tokens.device
         self._dtype = loaded.model.embed_tokens.dtype
+        self._kernels = resolve_kernels(kernels, self._device, loaded.config.head_dim)
         self._requests: dict[str, SequenceState] = {}
         self._limits = PlanLimits(
             block_size=kv_cache.block_size,
@@ -67,6 +71,7 @@ class ModelRunner:
         max_model_len: int | None = None,
         model_name: str | None = None,
         num_threads: int | None = None,
+        kernels: str = "auto",
     ) -> ModelRunner:
         """Loads the model (the bundled SmolLM2 GGUF by default) and allocates the KV cache.
 
@@ -88,7 +93,9 @@ class ModelRunner:
             num_blocks = num_blocks_for_bytes(loaded.config, block_size, torch_dtype, budget)
         cache = PagedKVCache(loaded.config, num_blocks, block_size, torch_dtype, torch_device)
         name = model_name or (DEFAULT_MODEL_NAME if path is None else Path(path).stem.lower())
-        return cls(loaded, cache, max_model_len=max_model_len or limit, model_name=name)
+        return cls(
+            loaded, cache, max_model_len=max_model_len or limit, model_name=name, kernels=kernels
+        )
 
     # Read-only facts the server reports to the scheduler.
     @property
@@ -122,6 +129,11 @@ class ModelRunner:
     @property
     def dtype(self) -> str:
         return str(self._dtype).removeprefix("torch.")
+
+    @property
+    def kernels(self) -> str:
+        """Who runs attention and KV cache writes: "triton" or "torch"."""
+        return self._kernels
 
     @property
     def model_name(self) -> str:
@@ -177,6 +189,7 @@ class ModelRunner:
             block_tables=[item.state.block_ids for item in scheduled],
             block_size=self._cache.block_size,
             device=self._device,
+            kernels=self._kernels,
         )
         tokens = torch.tensor(input_ids, dtype=torch.int64, device=self._device)
         hidden = self._model(tokens, attn.positions, attn, self._cache)  # [T, d]

@@ -27,6 +27,7 @@ class NullRunner:
     fingerprint = "null"
     device = "cpu"
     dtype = "none"
+    kernels = "none"
 
     def __init__(
         self, *, block_size: int = 16, num_blocks: int = 65536, max_model_len: int = 8192

@@ -35,6 +35,7 @@ class Runner(Protocol):
     fingerprint: str
     device: str
     dtype: str
+    kernels: str
 
     def execute(self, plan: StepPlan) -> list[Sampled]: ...
 
@@ -129,6 +130,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             eos_token_ids=list(r.eos_token_ids),
             device=r.device,
             dtype=r.dtype,
+            kernels=r.kernels,
             model_fingerprint=r.fingerprint,
             model_path=self._model_path,
         )

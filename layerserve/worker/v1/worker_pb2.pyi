@@ -12,7 +12,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "block_size", "num_blocks", "max_model_len", "vocab_size", "eos_token_ids", "device", "dtype", "model_fingerprint", "model_path")
+    __slots__ = ("model", "block_size", "num_blocks", "max_model_len", "vocab_size", "eos_token_ids", "device", "dtype", "model_fingerprint", "model_path", "kernels")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class WorkerInfo(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
     model: str
     block_size: int
     num_blocks: int
@@ -33,7 +34,8 @@ class WorkerInfo(_message.Message):
     dtype: str
     model_fingerprint: str
     model_path: str
-    def __init__(self, model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_path: _Optional[str] = ...) -> None: ...
+    kernels: str
+    def __init__(self, model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_path: _Optional[str] = ..., kernels: _Optional[str] = ...) -> None: ...
 
 class NewSequence(_message.Message):
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_new_tokens", "block_ids", "sampling", "trace")
