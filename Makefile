@@ -46,5 +46,11 @@ bench: install
 	$(PIP) install -e '.[bench]'
 	$(PY) -m benchmarks.run $(ARGS)
 
+# make gpu-check OUT=/path [ARGS=--dry-run]: kernel tests, ceilings, kernel and model benchmarks
+# on a GPU machine; no venv (it runs where only torch/triton/transformers are); scripts/gpu_check.py
+.PHONY: gpu-check
+gpu-check:
+	PYTHONPATH=. $(PYTHON) scripts/gpu_check.py --out $(or $(OUT),gpu-check-out) $(ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,81 @@
+"""report.md of the GPU check: one heading per section, its status, then its tables."""
+
+from __future__ import annotations
+
+MODEL_COLUMNS = (
+    ("model", "model", "{}"), ("batch", "batch", "{}"),
+    ("prompt+new", None, "{}"), ("ours decode tok/s", "ours_decode_tok_s", "{:.0f}"),
+    ("ours e2e tok/s", "ours_e2e_tok_s", "{:.0f}"), ("step ms", "ours_step_ms", "{:.2f}"),
+    ("MBU", "mbu", "{:.0%}"), ("GPU busy", "busy_share", "{:.0%}"),
+    ("HF decode tok/s", "hf_decode_tok_s", "{:.0f}"), ("HF e2e tok/s", "hf_e2e_tok_s", "{:.0f}"),
+    ("greedy = HF", "greedy_same_as_hf", "{}"),
+)  # fmt: skip
+
+
+def _cell(row: dict, key: str | None, fmt: str) -> str:
+    if key is None:
+        return f"{row['prompt_len']}+{row['new_tokens']}"
+    value = row.get(key)
+    return "n/a" if value is None else fmt.format(value)
+
+
+def _models(section: dict) -> list[str]:
+    lines = [
+        f"kernels {section.get('kernels')}, {section.get('dtype')}; MBU = (weights + KV read "
+        "per decode step) / step time / measured copy GB/s; GPU busy = kernel time / wall time "
+        "over profiled decode steps (torch.profiler).",
+        "",
+        "| " + " | ".join(title for title, _, _ in MODEL_COLUMNS) + " |",
+        "|" + " --- |" * len(MODEL_COLUMNS),
+    ]
+    for row in section.get("rows", []):
+        cells = [_cell(row, key, fmt) for _, key, fmt in MODEL_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    hf = {row.get("hf") for row in section.get("rows", [])} - {"ran"}
+    lines += [f"- HF baseline: {note}" for note in sorted(hf)]
+    lines += [f"- {note}" for note in section.get("notes", [])]
+    return lines
+
+
+def _section(name: str, section: dict) -> list[str]:
+    lines = [f"## {name}", "", f"status: **{section.get('status')}** ({section.get('seconds')}s)"]
+    if "command" in section:
+        lines += ["", f"`{section['command']}`"]
+    if name == "environment":
+        lines += ["", f"device: {section.get('device')}, CUDA {section.get('torch_cuda')}"]
+        lines += [f"- {k}: {v}" for k, v in section.get("packages", {}).items()]
+        lines.append(f"- stood in for (not installed, not called): {section.get('stood_in_for')}")
+    elif name == "ceilings" and "copy_gbps" in section:
+        gib, matmul = section["copy_bytes"] / 2**30, section["matmul_shape"]
+        lines += [
+            "",
+            f"copy: {section['copy_gbps']:.1f} GB/s (read + write of {gib:.3g} GiB, CUDA events)",
+            f"matmul {matmul}: {section['matmul_tflops']:.1f} TFLOP/s",
+        ]
+    elif name == "models":
+        lines += ["", *_models(section)]
+    elif name == "tests":
+        tail = section.get("stdout", "").strip().splitlines()[-15:]
+        lines += ["", "```", *tail, "```"] if tail else []
+    elif "stdout" in section:
+        lines += ["", section["stdout"].strip()]
+    if section.get("stderr_tail", "").strip() and not str(section.get("status")).startswith(
+        "passed"
+    ):
+        lines += ["", "stderr (tail):", "```", section["stderr_tail"].strip()[-1500:], "```"]
+    return lines + [""]
+
+
+def render(report: dict) -> str:
+    title = (
+        "GPU check (DRY RUN: CPU, interpreter, tiny shapes)"
+        if report.get("dry_run")
+        else ("GPU check")
+    )
+    lines = [f"# {title}", ""]
+    for name in ("environment", "tests", "ceilings", "attention", "small_ops", "models"):
+        if name in report:
+            lines += _section(name, report[name])
+    if "total_seconds" in report:
+        lines.append(f"total: {report['total_seconds']}s")
+    return "\n".join(lines) + "\n"
