@@ -28,16 +28,35 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
+def loopback_config(**fields) -> StackConfig:
+    """A one-worker StackConfig on free loopback ports; `fields` set the rest."""
+    http, grpc_port, tok, sched, worker = free_ports(5)
+    ports = {
+        "http_port": http,
+        "grpc_port": grpc_port,
+        "tokenizer_port": tok,
+        "scheduler_port": sched,
+        "worker_ports": (worker,),
+    }
+    return StackConfig(**{**ports, **fields})
+
+
+def start_stack(config: StackConfig) -> Stack:
+    """Starts the stack; when that fails, prints the end of each service's log first."""
+    stack = Stack(config)
+    try:
+        stack.start()
+    except Exception:
+        for log in sorted((config.log_dir or Path("/nonexistent")).glob("*.log")):
+            print(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}")
+        raise
+    return stack
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    http, grpc_port, tok, sched, worker = free_ports(5)
     log_dir = Path(tmp_path_factory.mktemp("stack-logs"))
-    config = StackConfig(
-        http_port=http,
-        grpc_port=grpc_port,
-        tokenizer_port=tok,
-        scheduler_port=sched,
-        worker_ports=(worker,),
+    config = loopback_config(
         model_name=MODEL,
         # A small step budget splits long prompts across steps (chunked prefill) and mixes
         # them with running decodes, so the tests exercise both.
@@ -46,13 +65,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         log_dir=log_dir,
         env={"LAYERSERVE_API_KEYS": API_KEY},
     )
-    s = Stack(config)
-    try:
-        s.start()
-    except Exception:
-        for log in sorted(log_dir.glob("*.log")):
-            print(f"--- {log.name}\n{log.read_text()[-3000:]}")
-        raise
+    s = start_stack(config)
     yield s
     s.stop()
 

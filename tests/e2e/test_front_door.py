@@ -16,8 +16,8 @@ import pytest
 
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.gateway.api_keys import hash_key
-from services.stack import Stack, StackConfig
-from tests.e2e.conftest import MODEL, free_ports
+from services.stack import Stack
+from tests.e2e.conftest import MODEL, free_ports, loopback_config
 from tests.openai_schema import validate
 
 LIMITED, OPEN, NARROW = "sk-limited", "sk-open", "sk-narrow"
@@ -45,15 +45,10 @@ def gateways(tmp_path_factory, redis_url) -> Iterator[tuple[str, str, int, Path]
     tmp = Path(tmp_path_factory.mktemp("front-door"))
     keys = tmp / "keys.toml"
     keys.write_text(KEYS_FILE)
-    http, grpc_port, tok, sched, worker, http2, grpc2 = free_ports(7)
+    http2, grpc2 = free_ports(2)
     gateway_args = ["--api-keys-file", str(keys), "--max-prompt-tokens", "16"]
     stack = Stack(
-        StackConfig(
-            http_port=http,
-            grpc_port=grpc_port,
-            tokenizer_port=tok,
-            scheduler_port=sched,
-            worker_ports=(worker,),
+        loopback_config(
             null_worker=True,
             gateway_args=gateway_args,
             log_dir=tmp / "logs",
@@ -64,13 +59,14 @@ def gateways(tmp_path_factory, redis_url) -> Iterator[tuple[str, str, int, Path]
     stack.start()
     second = subprocess.Popen(
         [sys.executable, "-m", "services.gateway", "--http-port", str(http2)]
-        + ["--grpc-port", str(grpc2), "--tokenizer", f"127.0.0.1:{tok}", *gateway_args],
+        + ["--grpc-port", str(grpc2), "--tokenizer", f"127.0.0.1:{stack.config.tokenizer_port}"]
+        + gateway_args,
         env={**os.environ, "LAYERSERVE_REDIS_URL": redis_url, "LAYERSERVE_LOG_PROMPTS": "1"},
         stderr=open(tmp / "logs" / "second-gateway.txt", "w"),  # noqa: SIM115
     )
     try:
         _wait_until_up(f"http://127.0.0.1:{http2}")
-        yield stack.http_url, f"http://127.0.0.1:{http2}", grpc_port, tmp / "logs"
+        yield stack.http_url, f"http://127.0.0.1:{http2}", stack.config.grpc_port, tmp / "logs"
     finally:
         second.terminate()
         second.wait(timeout=30)

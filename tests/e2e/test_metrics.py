@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from layerserve.gateway.v1 import gateway_pb2
-from services.stack import Stack, StackConfig
-from tests.e2e.conftest import API_KEY, MODEL, free_ports
+from services.stack import Stack
+from tests.e2e.conftest import API_KEY, MODEL, free_ports, loopback_config, start_stack
 from tests.e2e.helpers import chat_body, grpc_generate, post, stream
 from tests.prometheus_text import Scrape
 from tests.unit.test_observability import HISTOGRAMS, SERIES
@@ -30,14 +30,9 @@ CLIENT_LATENCIES = (
 
 @pytest.fixture(scope="module")
 def metrics_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    http, grpc_port, tok, sched, worker, *metrics, shared = free_ports(9)
+    *metrics, shared = free_ports(4)
     log_dir = Path(tmp_path_factory.mktemp("metrics-stack"))
-    config = StackConfig(
-        http_port=http,
-        grpc_port=grpc_port,
-        tokenizer_port=tok,
-        scheduler_port=sched,
-        worker_ports=(worker,),
+    config = loopback_config(
         model_name=MODEL,
         null_worker=True,
         log_dir=log_dir,
@@ -47,13 +42,7 @@ def metrics_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ready_timeout=180,
         metrics_ports=dict(zip(("tokenizer", "scheduler", "worker0"), metrics, strict=True)),
     )
-    stack = Stack(config)
-    try:
-        stack.start()
-    except Exception:
-        for log in sorted(log_dir.glob("*.log")):
-            print(f"--- {log.name}\n{log.read_text()[-3000:]}")
-        raise
+    stack = start_stack(config)
     yield stack
     stack.stop()
 

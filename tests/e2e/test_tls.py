@@ -17,8 +17,8 @@ from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.grpc_util import new_sync_channel
 from services.common.tls import TlsSettings
-from services.stack import Stack, StackConfig
-from tests.e2e.conftest import API_KEY, MODEL, free_ports
+from services.stack import Stack
+from tests.e2e.conftest import API_KEY, MODEL, loopback_config, start_stack
 from tests.tls_certs import TestCA
 
 pytestmark = pytest.mark.e2e
@@ -44,15 +44,9 @@ def tls_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsStack]:
     certs = Path(tmp_path_factory.mktemp("tls"))
     ca, stranger = TestCA(certs, "stack"), TestCA(certs, "stranger")
     leaf = ca.issue("service")  # localhost and 127.0.0.1, server and client use
-    http, grpc_port, tok, sched, worker = free_ports(5)
     log_dir = Path(tmp_path_factory.mktemp("tls-logs"))
-    stack = Stack(
-        StackConfig(
-            http_port=http,
-            grpc_port=grpc_port,
-            tokenizer_port=tok,
-            scheduler_port=sched,
-            worker_ports=(worker,),
+    stack = start_stack(
+        loopback_config(
             model_name=MODEL,
             null_worker=True,
             log_dir=log_dir,
@@ -67,12 +61,6 @@ def tls_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsStack]:
             },
         )
     )
-    try:
-        stack.start()
-    except Exception:
-        for log in sorted(log_dir.glob("*.log")):
-            print(f"--- {log.name}\n{log.read_text()[-3000:]}")
-        raise
     yield TlsStack(stack, ca, stranger)
     stack.stop()
 

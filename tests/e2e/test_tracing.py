@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from services.stack import Stack, StackConfig
-from tests.e2e.conftest import free_ports
+from services.stack import Stack
+from tests.e2e.conftest import free_ports, loopback_config, start_stack
 from tests.e2e.otlp_collector import Collector, ReceivedSpan, running_collector
 
 KEY = "tracing-test-key"
@@ -59,7 +59,7 @@ REQUEST_SPANS = SPAN_NAMES - {
 
 @pytest.fixture(scope="module")
 def traced_stack(tmp_path_factory) -> Iterator[tuple[Stack, Collector]]:
-    http, grpc_port, tok, sched, worker, otlp = free_ports(6)
+    (otlp,) = free_ports(1)
     log_dir = Path(tmp_path_factory.mktemp("tracing-logs"))
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp}",
@@ -68,12 +68,7 @@ def traced_stack(tmp_path_factory) -> Iterator[tuple[Stack, Collector]]:
         "OTEL_SERVICE_NAME": "",  # each service names itself
         "LAYERSERVE_API_KEYS": KEY,
     }
-    config = StackConfig(
-        http_port=http,
-        grpc_port=grpc_port,
-        tokenizer_port=tok,
-        scheduler_port=sched,
-        worker_ports=(worker,),
+    config = loopback_config(
         null_worker=True,
         # A small step budget splits the prompt into several prefill chunks.
         scheduler_args=["--max-num-batched-tokens", "16"],
@@ -82,8 +77,7 @@ def traced_stack(tmp_path_factory) -> Iterator[tuple[Stack, Collector]]:
         redis="off",
     )
     with running_collector(otlp) as collector:
-        stack = Stack(config)
-        stack.start()
+        stack = start_stack(config)
         try:
             yield stack, collector
         finally:

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.stack import Stack, StackConfig
-from tests.e2e.conftest import free_ports
+from services.stack import Stack
+from tests.e2e.conftest import loopback_config, start_stack
 
 API_KEY = "reliability-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -22,14 +22,8 @@ MODEL = "smollm2-135m-instruct"  # the null worker serves it under this name, wi
 
 @pytest.fixture(scope="session")
 def null_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    http, grpc_port, tok, sched, worker = free_ports(5)
     log_dir = Path(tmp_path_factory.mktemp("reliability-logs"))
-    config = StackConfig(
-        http_port=http,
-        grpc_port=grpc_port,
-        tokenizer_port=tok,
-        scheduler_port=sched,
-        worker_ports=(worker,),
+    config = loopback_config(
         model_name=MODEL,
         null_worker=True,
         worker_args=["--num-blocks", "256"],
@@ -38,12 +32,7 @@ def null_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         redis="off",
         ready_timeout=120,
     )
-    stack = Stack(config)
-    try:
-        stack.start()
-    except Exception:
-        _print_logs(log_dir)
-        raise
+    stack = start_stack(config)
     yield stack
     try:
         stack.check_alive()  # every service must have survived everything thrown at it
