@@ -77,7 +77,12 @@ async def main() -> None:
     serve_metrics(config.metrics_port, config.host, process_tls())
     health.start()
     await server.start()
-    log.info("scheduler serving on %s for workers %s", address, ", ".join(config.workers))
+    log.info(
+        "scheduler serving on %s for workers %s%s",
+        address,
+        ", ".join(config.workers) or "(none yet)",
+        " and those that register themselves" if config.worker_registration else "",
+    )
     if not config.admin_key:
         log.info("the admin API is disabled (set LAYERSERVE_ADMIN_KEY to enable it)")
     await wait_for_shutdown()

@@ -33,10 +33,22 @@ class SchedulerConfig:
     prefix_index_ttl_s: float = 10.0  # a worker's Redis entries outlive its last heartbeat by this
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # on SIGTERM, for requests in flight
     metrics_port: int = 0  # Prometheus /metrics on --host; 0 = none
+    # Workers register themselves (Admin API AddWorker; services/worker/registration.py), so
+    # --worker may be left out: the scheduler then starts with none and is not ready until one
+    # has registered.
+    worker_registration: bool = False
 
     def __post_init__(self) -> None:
-        if not self.workers:
-            raise ValueError("give at least one --worker HOST:PORT")
+        if not self.workers and not self.worker_registration:
+            raise ValueError(
+                "give at least one --worker HOST:PORT, or --worker-registration to start "
+                "without workers and wait for workers started with --register-with"
+            )
+        if self.worker_registration and not self.admin_key:
+            raise ValueError(
+                "--worker-registration needs LAYERSERVE_ADMIN_KEY: workers register through "
+                "the Admin API, with that key"
+            )
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("--max-num-batched-tokens and --max-num-seqs must be positive")
         if self.max_waiting < 1:
@@ -108,10 +120,19 @@ class SchedulerConfig:
             default=env_float("PREFIX_INDEX_TTL_S", 10.0),
             help="seconds a worker's Redis entries outlive its last heartbeat",
         )
+        p.add_argument(
+            "--worker-registration",
+            action=argparse.BooleanOptionalAction,
+            default=env_int("WORKER_REGISTRATION", 0) != 0,
+            help="accept workers that register themselves (python -m services.worker "
+            "--register-with); no --worker needed (env LAYERSERVE_WORKER_REGISTRATION=1)",
+        )
         add_drain_timeout_flag(p)
         add_metrics_port_flag(p)
         a = p.parse_args(argv)
-        workers = a.workers or env_list("SCHEDULER_WORKERS") or ["127.0.0.1:50061"]
+        # Without registration, no --worker means the one worker of `make run`'s defaults.
+        default = [] if a.worker_registration else ["127.0.0.1:50061"]
+        workers = a.workers or env_list("SCHEDULER_WORKERS") or default
         return cls(
             a.host,
             a.port,
@@ -129,4 +150,5 @@ class SchedulerConfig:
             prefix_index_ttl_s=a.prefix_index_ttl,
             drain_timeout_s=a.drain_timeout_s,
             metrics_port=a.metrics_port,
+            worker_registration=a.worker_registration,
         )

@@ -34,6 +34,9 @@ class Router:
         self._all = links
         self._draining: set[str] = set()  # addresses
         self._owner: dict[str, WorkerLink] = {}
+        # Models whose workers were all removed: requests for them are UNAVAILABLE (a worker
+        # may register again, e.g. a Kubernetes pod replaced), not an unknown model's NOT_FOUND.
+        self._departed: set[str] = set()
         self.picker = ReplicaPicker()  # __main__ sets the --routing mode and the prefix index
 
     @property
@@ -95,6 +98,8 @@ class Router:
         link = self.link(address)
         self._all.remove(link)
         self._draining.discard(address)
+        if link.info is not None and link.info.model not in self.model_names():
+            self._departed.add(link.info.model)
         return link
 
     def in_flight(self, link: WorkerLink) -> list[str]:
@@ -159,6 +164,10 @@ class Router:
         replicas = [
             link for link in self.links if link.info is not None and link.info.model == model
         ]
+        if not replicas and model in self._departed:
+            raise Unavailable(
+                f"no worker serves model `{model}` right now (the last one left); retry shortly"
+            )
         if not replicas:
             raise NotFound(f"The model `{model}` does not exist.", param="model")
         ready = [link for link in replicas if link.ready]

@@ -76,18 +76,24 @@ class WorkerAdmin:
         )
 
     async def add(self, address: str, timeout: float = 0.0) -> WorkerView:
-        """Connects to the worker at `address` and routes to it once it is ready. Raises
-        InvalidArgument (already added; different weights under an existing model's name) or
-        Unavailable (no answer within `timeout` seconds; 0 = DEFAULT_ADD_TIMEOUT)."""
+        """Connects to the worker at `address` and routes to it once it is ready. Idempotent:
+        a known address (even a draining one: an operator's drain stands) answers its current
+        view, and one being added waits for that addition. Raises InvalidArgument (different
+        weights under an existing model's name) or Unavailable (no answer within `timeout`
+        seconds; 0 = DEFAULT_ADD_TIMEOUT)."""
         if ":" not in address:
             raise InvalidArgument(f"a worker address is HOST:PORT, got `{address}`")
-        if self._router.has_link(address) or address in self._adding:
-            raise InvalidArgument(f"the worker at `{address}` is already added")
+        timeout = timeout or DEFAULT_ADD_TIMEOUT
+        if address in self._adding:
+            await self._wait_added(address, timeout)
+        if self._router.has_link(address):
+            # Self-registering workers call again on every heartbeat (registration.py).
+            return self.view(self._router.link(address))
         self._adding.add(address)
         link = self._make_link(address)
         link.start()
         try:
-            await self._wait_ready(link, timeout or DEFAULT_ADD_TIMEOUT)
+            await self._wait_ready(link, timeout)
             self._check_same_weights(link)
         except BaseException:
             await link.stop()
@@ -106,6 +112,14 @@ class WorkerAdmin:
                     f"the worker at `{link.address}` did not answer within {timeout:g}s; "
                     "it was not added"
                 )
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def _wait_added(self, address: str, timeout: float) -> None:
+        """Waits for another call's addition of `address` to end, either way."""
+        deadline = time.monotonic() + timeout
+        while address in self._adding:
+            if time.monotonic() > deadline:
+                raise Unavailable(f"the worker at `{address}` is still being added; retry")
             await asyncio.sleep(POLL_SECONDS)
 
     def _check_same_weights(self, link: WorkerLink) -> None:

@@ -72,8 +72,10 @@ class AdminServicer:
     def AddWorker(self, request, context):
         """Connects to a worker and starts routing its model's requests to it. The model (and the
         worker's geometry) comes from the worker's Describe; the call returns once the worker is
-        ready. INVALID_ARGUMENT if the address is already added or the worker serves different
-        weights under the name of an existing model; UNAVAILABLE if it does not answer in time.
+        ready. Idempotent: an address already added (or being added) answers its current status,
+        so a worker that registers itself may call it on every heartbeat. INVALID_ARGUMENT if the
+        worker serves different weights under the name of an existing model; UNAVAILABLE if it does
+        not answer in time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
