@@ -35,15 +35,9 @@ from tests.e2e.multi_model import (
     start_worker,
     stop_process,
 )
-from tests.e2e.tiny_llama import write_tiny_llama
 
 READY = admin_pb2.WORKER_STATE_READY
 DRAINING = admin_pb2.WORKER_STATE_DRAINING
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")
