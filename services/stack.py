@@ -47,6 +47,9 @@ class StackConfig:
     model_path: str | None = None
     null_worker: bool = False
     worker_args: list[str] = field(default_factory=list)  # for every worker
+    # Workers register themselves with the scheduler (--register-with; the scheduler runs with
+    # --worker-registration and no --worker). Needs LAYERSERVE_ADMIN_KEY in `env`.
+    worker_registration: bool = False
     # Several models: replaces model_name/model_path (worker_ports then has one port per
     # replica, in order). Empty: the one model above, one worker per port.
     models: tuple[ModelSpec, ...] = ()
@@ -95,6 +98,7 @@ class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         self.procs: dict[str, subprocess.Popen] = {}
+        self._commands: dict[str, tuple[str, list[str]]] = {}  # name -> (module, args)
         self._logs: list = []
         # The children's LAYERSERVE_TLS_*: the readiness probes must speak what they serve.
         self.tls = TlsSettings.from_env({**os.environ, **config.env})
@@ -111,6 +115,8 @@ class Stack:
                 args = [*self._worker_args(spec, port), *c.metrics_args(f"worker{i}")]
                 self._spawn(f"worker{i}", "services.worker", args)
             workers = [arg for p in c.worker_ports for arg in ("--worker", f"127.0.0.1:{p}")]
+            if c.worker_registration:
+                workers = ["--worker-registration"]
             aliases = ["--aliases", str(c.aliases_file)] if c.aliases_file else []
             redis_url = self._start_redis()
             redis = ["--redis-url", redis_url] if redis_url else []
@@ -170,6 +176,8 @@ class Stack:
             args += ["--model-path", spec.path]
         if c.null_worker:
             args.append("--null")
+        if c.worker_registration:
+            args += ["--register-with", f"127.0.0.1:{c.scheduler_port}"]
         return args
 
     def _start_redis(self) -> str | None:
@@ -208,12 +216,13 @@ class Stack:
         )
         return f"redis://127.0.0.1:{port}/0"
 
-    def _spawn(self, name: str, module: str, args: list[str]) -> None:
+    def _spawn(self, name: str, module: str, args: list[str], mode: str = "w") -> None:
         out = None
         if self.config.log_dir is not None:
             self.config.log_dir.mkdir(parents=True, exist_ok=True)
-            out = open(self.config.log_dir / f"{name}.log", "w")  # noqa: SIM115 (closed in stop)
+            out = open(self.config.log_dir / f"{name}.log", mode)  # noqa: SIM115 (closed in stop)
             self._logs.append(out)
+        self._commands[name] = (module, args)
         self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", module, *args],
             stdout=out,
@@ -262,6 +271,14 @@ class Stack:
         proc = self.procs[name]
         proc.kill()
         proc.wait()
+
+    def restart(self, name: str) -> None:
+        """Starts a killed (or exited) service again with its arguments, port included; its
+        log goes on in the same file. Returns at once: the caller waits for readiness."""
+        if self.procs[name].poll() is None:
+            self.kill(name)
+        module, args = self._commands[name]
+        self._spawn(name, module, args, mode="a")
 
     def stop(self) -> None:
         """Drains the stack front to back: SIGTERM to the gateway, and once it has finished

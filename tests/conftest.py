@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated (at import), so it is set before any
 # test module can import one: without an NVIDIA GPU, kernels run in Triton's interpreter. Worker
@@ -16,6 +17,27 @@ from collections.abc import Iterator  # noqa: E402
 import pytest  # noqa: E402
 
 from tests.redis_server import RedisServer  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Here, not in tests/reliability/conftest.py: options of a sub-directory's conftest are
+    # unknown when pytest is started without a path inside it.
+    parser.addoption(
+        "--soak-seconds",
+        type=float,
+        default=None,
+        help="how long tests/reliability/test_soak.py runs (default: LAYERSERVE_SOAK_SECONDS, "
+        "else 120)",
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama checkpoint on disk (tests/e2e/tiny_llama.py), written once: 4
+    attention heads, 2 KV heads, 112 MLP columns, so tensor parallelism of 2 splits it."""
+    from tests.e2e.tiny_llama import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session")
