@@ -1,7 +1,10 @@
-"""The baseline: Hugging Face transformers' LlamaForCausalLM with the very same weights (taken
-from our loader, so both read the same dequantised GGUF), generate() on static padded batches."""
+"""The baselines: Hugging Face transformers' LlamaForCausalLM with the very same weights (taken
+from our loader, so both read the same dequantised GGUF): generate() on static padded batches,
+and transformers' own continuous batching (`ContinuousBatchingManager`, transformers >= 5)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -26,11 +29,26 @@ def hf_model(loaded: LoadedModel, dtype: torch.dtype):
         tie_word_embeddings=c.tie_word_embeddings,
         torch_dtype=dtype,
     )
-    model = LlamaForCausalLM(config).to(dtype).eval()
-    model.load_state_dict(hf_state_dict(loaded), strict=False)
+    with _no_init_weights():  # every weight is overwritten below: skip the random init
+        model = LlamaForCausalLM(config).to(dtype).eval()
+    loaded_keys = model.load_state_dict(hf_state_dict(loaded), strict=False)
+    # lm_head is tied to the embedding below; any other gap would be uninitialised memory.
+    if set(loaded_keys.missing_keys) - {"lm_head.weight"}:
+        raise RuntimeError(f"transformers model left without weights: {loaded_keys.missing_keys}")
     if c.tie_word_embeddings:
         model.tie_weights()
     return model
+
+
+def _no_init_weights():
+    try:
+        from transformers.initialization import no_init_weights  # transformers 5
+    except ImportError:
+        try:
+            from transformers.modeling_utils import no_init_weights  # transformers 4
+        except ImportError:
+            return contextlib.nullcontext()
+    return no_init_weights()
 
 
 def hf_state_dict(loaded: LoadedModel) -> dict[str, torch.Tensor]:
@@ -90,3 +108,47 @@ def hf_generate(
         for row, i in enumerate(idx):
             results[i] = out[row, width : width + output_lens[i]].tolist()
     return results
+
+
+def continuous_batching_available(model) -> bool:
+    """Whether this transformers has the continuous-batching path (`init_continuous_batching`,
+    `generate_batch`; in transformers 5.x)."""
+    return hasattr(model, "init_continuous_batching") and hasattr(
+        model, "continuous_batching_context_manager"
+    )
+
+
+@torch.inference_mode()
+def hf_continuous(
+    model,
+    prompts: list[list[int]],
+    output_lens: list[int],
+    max_batch_tokens: int | None = None,
+    max_requests: int | None = None,
+) -> list[list[int]]:
+    """Greedy, EOS ignored, through transformers' ContinuousBatchingManager: every request is
+    queued at once, each with its own output length. Its warm-up (CUDA-graph capture on a GPU)
+    is skipped here: the caller times a warm-up run of its own first."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=max(output_lens), eos_token_id=None, pad_token_id=0
+    )
+    cb_config = ContinuousBatchingConfig(
+        max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_requests
+    )
+    results = {}
+    with model.continuous_batching_context_manager(
+        generation_config=config, continuous_batching_config=cb_config, block=True, warmup=False
+    ) as manager:
+        for i, (prompt, out_len) in enumerate(zip(prompts, output_lens, strict=True)):
+            manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=out_len, eos_token_id=-1)
+        while len(results) < len(prompts):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                if result.error:
+                    raise RuntimeError(f"transformers continuous batching: {result.error}")
+                results[result.request_id] = result.generated_tokens
+            elif result is None and not manager.is_running():
+                raise RuntimeError("transformers' continuous-batching thread stopped early")
+    return [results[f"r{i}"] for i in range(len(prompts))]

@@ -8,8 +8,27 @@ from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
+from services.worker.kv_cache import PagedKVCache
+from services.worker.model.loader import LoadedModel
 from services.worker.model_runner import ModelRunner
 from services.worker.plan import NewSequence, RunningSequence, StepPlan
+
+MODEL = "smollm2-135m-instruct"
+BLOCK_SIZE = 16  # the worker's default
+
+
+def make_runner(loaded: LoadedModel, num_blocks: int) -> ModelRunner:
+    """The worker's ModelRunner over `loaded` with a paged KV cache of `num_blocks` blocks, on
+    the model's device and dtype."""
+    weight = loaded.model.embed_tokens
+    cache = PagedKVCache(loaded.config, num_blocks, BLOCK_SIZE, weight.dtype, weight.device)
+    return ModelRunner(
+        loaded, cache, max_model_len=loaded.config.max_position_embeddings, model_name=MODEL
+    )
+
+
+def make_engine(loaded: LoadedModel, num_blocks: int, limits: SchedulerLimits) -> OfflineEngine:
+    return OfflineEngine(make_runner(loaded, num_blocks), limits)
 
 
 def to_plan(step: ScheduledStep) -> StepPlan:

@@ -20,21 +20,16 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.offline import OfflineEngine, to_plan
+from benchmarks.offline import OfflineEngine, make_runner, to_plan
 from benchmarks.workload import describe, uniform_workload
 from services.common.sampling import SamplingOptions
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Sample, SchedulerLimits
-from services.worker.kv_cache import PagedKVCache
 from services.worker.model.loader import LoadedModel, default_path, load_model
-from services.worker.model_runner import ModelRunner
 
 
 def make_engine(loaded: LoadedModel, args, caching: bool) -> OfflineEngine:
-    cache = PagedKVCache(loaded.config, args.num_blocks, 16, torch.float32, torch.device("cpu"))
-    runner = ModelRunner(
-        loaded, cache, max_model_len=loaded.config.max_position_embeddings, model_name="bench"
-    )
+    runner = make_runner(loaded, args.num_blocks)
     limits = SchedulerLimits(
         args.max_num_batched_tokens, args.max_num_seqs, enable_prefix_caching=caching
     )

@@ -1,4 +1,6 @@
-"""Benchmarks, each side by side with its baseline in the same run (see docs/benchmarks.md).
+"""The issue-2 benchmarks, each side by side with its baseline in the same run (see
+docs/benchmarks.md). `layerserve bench` (benchmarks/cli.py) is the general one: all four
+levels, named workloads, concurrency and Poisson sweeps, JSON/markdown/PNG.
 
 python -m benchmarks.run l2          # engine in one process vs transformers generate()
 python -m benchmarks.run l3          # L2, then the same workload through the gateway
@@ -10,8 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -21,57 +21,13 @@ from pathlib import Path
 import torch
 
 from benchmarks.hf_baseline import hf_generate, hf_model
-from benchmarks.offline import OfflineEngine
+from benchmarks.machine import ceilings, machine
+from benchmarks.offline import MODEL, make_engine
 from benchmarks.service import run_through_gateway
 from benchmarks.workload import Item, describe, uniform_workload
 from services.scheduler.scheduler import SchedulerLimits
 from services.stack import Stack, StackConfig
-from services.worker.kv_cache import PagedKVCache
-from services.worker.model.loader import LoadedModel, default_path, load_model
-from services.worker.model_runner import ModelRunner
-
-MODEL = "smollm2-135m-instruct"
-
-
-def machine() -> dict:
-    import transformers
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "cpus": os.cpu_count(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-    }
-
-
-def ceilings() -> dict:
-    """What this machine can do at best, measured now: copy bandwidth and fp32 matmul."""
-    x = torch.empty(64 * 2**20 // 4, dtype=torch.float32).fill_(1.0)  # 64 MiB
-    y = torch.empty_like(x)
-    best_copy = min(_time(lambda: y.copy_(x)) for _ in range(10))
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    best_mm = min(_time(lambda: a @ b) for _ in range(10))
-    return {
-        "copy_GB_s": 2 * x.numel() * 4 / best_copy / 1e9,
-        "matmul_GFLOP_s": 2 * 1024**3 / best_mm / 1e9,
-    }
-
-
-def _time(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
-
-
-def make_engine(loaded: LoadedModel, num_blocks: int, limits: SchedulerLimits) -> OfflineEngine:
-    cache = PagedKVCache(loaded.config, num_blocks, 16, torch.float32, torch.device("cpu"))
-    runner = ModelRunner(
-        loaded, cache, max_model_len=loaded.config.max_position_embeddings, model_name=MODEL
-    )
-    return OfflineEngine(runner, limits)
+from services.worker.model.loader import default_path, load_model
 
 
 def median_run(fn, repeats: int) -> tuple[float, object]:

@@ -1,26 +1,17 @@
-"""L3 and plumbing: the same workload through the gateway's OpenAI API, streaming, all
-requests in flight at once; the client is this process (aiohttp), the stack is four others."""
+"""L3 and plumbing: a workload through the gateway's OpenAI API, streaming; the client is this
+process (aiohttp), the stack is four others. Requests go out all at once, at most
+`concurrency` in flight, or at given send times (Poisson arrivals)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import time
-from dataclasses import dataclass, field
 
 import aiohttp
 
+from benchmarks.metrics import RequestTiming, Slo, summarize
 from benchmarks.workload import Item
-
-
-@dataclass
-class RequestTiming:
-    sent: float
-    first_token: float = 0.0
-    chunk_times: list[float] = field(default_factory=list)
-    done: float = 0.0
-    completion_tokens: int = 0
 
 
 async def _one(session: aiohttp.ClientSession, url: str, model: str, item: Item) -> RequestTiming:
@@ -51,51 +42,37 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, item: Item)
                     timing.first_token = now
                 timing.chunk_times.append(now)
     timing.done = time.perf_counter()
+    if timing.completion_tokens != item.output_len:
+        raise RuntimeError(
+            f"asked for {item.output_len} tokens (EOS ignored), got {timing.completion_tokens}"
+        )
     return timing
 
 
 async def run_through_gateway(
-    url: str, model: str, items: list[Item], concurrency: int | None = None
+    url: str,
+    model: str,
+    items: list[Item],
+    concurrency: int | None = None,
+    send_at: list[float] | None = None,
+    slo: Slo | None = None,
 ) -> dict:
-    """Sends every item (at most `concurrency` in flight) and reports throughput and latency."""
+    """Sends every item, at most `concurrency` in flight (None: no limit), item i not before
+    send_at[i] seconds from the start when given, and summarizes (benchmarks.metrics)."""
+    if send_at is not None and len(send_at) != len(items):
+        raise ValueError(f"{len(send_at)} send times for {len(items)} items")
     limit = asyncio.Semaphore(concurrency or len(items))
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=3600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        started = time.perf_counter()
 
-        async def bounded(item: Item) -> RequestTiming:
+        async def scheduled(i: int, item: Item) -> RequestTiming:
+            if send_at is not None:
+                await asyncio.sleep(max(0.0, started + send_at[i] - time.perf_counter()))
             async with limit:
                 return await _one(session, url, model, item)
 
-        started = time.perf_counter()
-        timings = await asyncio.gather(*(bounded(item) for item in items))
+        timings = await asyncio.gather(*(scheduled(i, item) for i, item in enumerate(items)))
         wall = time.perf_counter() - started
-    return summarize(timings, wall)
-
-
-def _ms(values: list[float]) -> dict:
-    if not values:
-        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
-    ordered = sorted(values)
-    return {
-        "mean": 1000 * statistics.fmean(ordered),
-        "p50": 1000 * ordered[len(ordered) // 2],
-        "p99": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-    }
-
-
-def summarize(timings: list[RequestTiming], wall: float) -> dict:
-    tokens = sum(t.completion_tokens for t in timings)
-    gaps = [b - a for t in timings for a, b in zip(t.chunk_times, t.chunk_times[1:], strict=False)]
-    tpot = [(t.done - t.first_token) / max(1, t.completion_tokens - 1) for t in timings]
-    return {
-        "requests": len(timings),
-        "output_tokens": tokens,
-        "wall_s": wall,
-        "output_tok_s": tokens / wall,
-        "requests_s": len(timings) / wall,
-        "ttft_ms": _ms([t.first_token - t.sent for t in timings]),
-        "tpot_ms": _ms(tpot),
-        "itl_ms": _ms(gaps),
-        "e2e_ms": _ms([t.done - t.sent for t in timings]),
-    }
+    return summarize(list(timings), wall, slo)

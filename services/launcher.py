@@ -1,7 +1,8 @@
 """`make run`: start the four services as separate processes, wait until each is ready, and
 stop them all on Ctrl-C (or when any of them dies). One model by default; several, with
 replicas and aliases, from a config file (`--config FILE`, see services/stack_file.py).
-`layerserve doctor` checks the platform instead (services/worker/doctor.py).
+`layerserve doctor` checks the platform instead (services/worker/doctor.py);
+`layerserve bench` runs the benchmarks (benchmarks/cli.py).
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
         # Its own process: the doctor imports torch, which the launcher never needs.
         doctor = [sys.executable, "-m", "services.worker.doctor", *args[1:]]
         sys.exit(subprocess.call(doctor))
+    if args[:1] == ["bench"]:
+        # Its own process too: benchmarks/cli.py loads torch and transformers.
+        sys.exit(subprocess.call([sys.executable, "-m", "benchmarks.cli", *args[1:]]))
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s"
     )

@@ -1,0 +1,83 @@
+"""What a benchmark ran on, recorded in every report: versions, threads, load, and the
+ceilings (copy bandwidth, fp32 matmul) measured at the start of the same run."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from importlib import metadata
+
+import torch
+
+
+def machine() -> dict:
+    """Versions and the machine; load averages say how much else was running."""
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "triton": _version("triton"),
+        "layerserve_commit": _commit(),
+        "torch_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or "unknown",
+        "cpu_model": _cpu_model(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "load_average": load_average(),
+    }
+
+
+def load_average() -> list[float]:
+    """1, 5 and 15-minute load averages, rounded; other work sharing the cores shows here."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def ceilings() -> dict:
+    """What this machine can do at best, measured now: copy bandwidth and fp32 matmul."""
+    x = torch.empty(64 * 2**20 // 4, dtype=torch.float32).fill_(1.0)  # 64 MiB
+    y = torch.empty_like(x)
+    best_copy = min(_time(lambda: y.copy_(x)) for _ in range(10))
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    best_mm = min(_time(lambda: a @ b) for _ in range(10))
+    return {
+        "copy_GB_s": 2 * x.numel() * 4 / best_copy / 1e9,  # read + write
+        "matmul_GFLOP_s": 2 * 1024**3 / best_mm / 1e9,
+    }
+
+
+def _time(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None

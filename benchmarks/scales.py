@@ -1,0 +1,68 @@
+"""How big a `layerserve bench` run is: one Scale per name, from a smoke test (`tiny`) to the
+project's full benchmark sizes (`full`: hours on the CPU box, minutes on a GPU). CPU-sized by
+default: SmolLM2-135M in float32 decodes ~60 tok/s on two cores, so `small` finishes L2 and
+L3 of one workload in a few minutes on a quiet machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Range = tuple[int, int]  # inclusive bounds
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    name: str
+    requests: int  # per workload
+    mixed_in: Range  # (a) prompt lengths, uniform
+    mixed_out: Range  # (a) output lengths, uniform
+    fixed: Range  # (b) (prompt length, output length)
+    prefill_heavy: Range  # (c) (prompt length, output length)
+    decode_heavy: Range  # (c) (prompt length, output length)
+    prefix_len: int  # (d) tokens every prompt shares
+    prefix_suffix: Range  # (d) each prompt's own tokens after the prefix, uniform
+    prefix_out: int  # (d) output length
+    l1_batches: tuple[int, ...]
+    l1_contexts: tuple[int, ...]
+    l1_decode_steps: int
+    concurrency: tuple[int, ...]  # L3 max-concurrency sweep
+    rates: tuple[float, ...]  # L3 Poisson arrival rates, requests/s
+    repeats: int  # each timed figure is the median of this many runs
+    gate_prompts: int  # correctness gate: prompts compared with transformers
+    gate_tokens: int  # ... for this many greedy tokens
+    max_num_seqs: int  # engine's running requests and transformers' static batch (equal budgets)
+    max_num_batched_tokens: int
+
+
+SCALES = {
+    "tiny": Scale(
+        name="tiny", requests=4, mixed_in=(16, 48), mixed_out=(4, 8), fixed=(32, 8),
+        prefill_heavy=(64, 2), decode_heavy=(16, 16), prefix_len=64, prefix_suffix=(8, 16),
+        prefix_out=4, l1_batches=(1, 2), l1_contexts=(32,), l1_decode_steps=4,
+        concurrency=(1, 4), rates=(2.0,), repeats=1, gate_prompts=2, gate_tokens=4,
+        max_num_seqs=8, max_num_batched_tokens=512,
+    ),
+    "small": Scale(
+        name="small", requests=12, mixed_in=(32, 256), mixed_out=(8, 48), fixed=(256, 32),
+        prefill_heavy=(460, 16), decode_heavy=(128, 64), prefix_len=512, prefix_suffix=(16, 64),
+        prefix_out=16, l1_batches=(1, 8), l1_contexts=(128,), l1_decode_steps=8,
+        concurrency=(1, 8), rates=(1.0,), repeats=3, gate_prompts=4, gate_tokens=16,
+        max_num_seqs=16, max_num_batched_tokens=2048,
+    ),
+    # (a) 256 requests of 100..1024 in and out, (b) 1024/128, (c) ~460/16 and ~460/256,
+    # (d) a 2k-token shared system prompt.
+    "full": Scale(
+        name="full", requests=256, mixed_in=(100, 1024), mixed_out=(100, 1024),
+        fixed=(1024, 128), prefill_heavy=(460, 16), decode_heavy=(460, 256), prefix_len=2048,
+        prefix_suffix=(32, 128), prefix_out=64, l1_batches=(1, 8, 32, 64),
+        l1_contexts=(128, 1024), l1_decode_steps=32, concurrency=(1, 8, 32, 64, 256),
+        rates=(1.0, 4.0, 16.0), repeats=3, gate_prompts=8, gate_tokens=16, max_num_seqs=64,
+        max_num_batched_tokens=4096,
+    ),
+}  # fmt: skip
+
+
+def scale_named(name: str) -> Scale:
+    if name not in SCALES:
+        raise ValueError(f"unknown scale {name!r}: choose from {', '.join(SCALES)}")
+    return SCALES[name]

@@ -1,0 +1,37 @@
+"""`layerserve bench` end to end on the real model, as small as it goes: L2 on four requests
+of a few tokens, the correctness gate against transformers first, results.json after."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers", reason="the L2 baseline comes with the bench extra")
+
+
+def test_bench_l2_tiny_writes_the_results(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "services.launcher", "bench", "--level", "l2",
+               "--scale", "tiny", "--baselines", "hf-static", "--threads", "1",
+               "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["command"].startswith("layerserve bench --level l2 --scale tiny")
+    assert report["machine"]["torch_threads"] == 1 and report["machine"]["load_average"]
+    assert report["ceilings"]["copy_GB_s"] > 0
+    gate = report["l2"]["gate"]
+    assert gate == {"prompts": 2, "tokens": 4, "engine": "2/2", "passed": True}
+    rows = {row["system"]: row for row in report["l2"]["rows"]}
+    assert set(rows) == {"layerserve", "hf-static"}
+    for row in rows.values():
+        assert row["workload"] == "mixed" and row["output_tokens"] > 0
+        assert row["output_tok_s"] == pytest.approx(row["output_tokens"] / row["wall_s"])
+    assert rows["hf-static"]["vs_hf_static"] == 1.0
+    assert "l3" not in report and "l1" not in report
+    text = (tmp_path / "results.md").read_text()
+    assert "| mixed | layerserve |" in text
+    assert "%|" in done.stderr  # the progress bar

@@ -1,0 +1,86 @@
+"""The benchmark workloads and arrival times: seeded, of the sizes the Scale states."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from benchmarks.arrivals import poisson_arrivals
+from benchmarks.scales import SCALES, scale_named
+from benchmarks.workload import VOCAB, WORKLOADS, build_workload
+
+SMALL = SCALES["small"]
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_same_seed_same_workload_other_seed_other_prompts(name: str) -> None:
+    first = build_workload(name, SMALL, seed=3)
+    assert build_workload(name, SMALL, seed=3) == first
+    assert build_workload(name, SMALL, seed=4) != first
+    assert len(first) == SMALL.requests
+    assert all(VOCAB[0] <= t <= VOCAB[1] for item in first for t in item.prompt_ids)
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_a_variant_keeps_the_lengths_and_changes_the_tokens(name: str) -> None:
+    base = build_workload(name, SMALL, seed=0, variant=0)
+    other = build_workload(name, SMALL, seed=0, variant=1)
+    assert [(len(i.prompt_ids), i.output_len) for i in base] == [
+        (len(i.prompt_ids), i.output_len) for i in other
+    ]
+    assert [i.prompt_ids for i in base] != [i.prompt_ids for i in other]
+
+
+def test_mixed_lengths_are_spread_over_their_ranges() -> None:
+    items = build_workload("mixed", SCALES["full"], seed=0)
+    inputs = [len(i.prompt_ids) for i in items]
+    outputs = [i.output_len for i in items]
+    assert len(items) == 256
+    assert min(inputs) >= 100 and max(inputs) <= 1024 and len(set(inputs)) > 100
+    assert min(outputs) >= 100 and max(outputs) <= 1024 and len(set(outputs)) > 100
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [("fixed", (1024, 128)), ("prefill-heavy", (460, 16)), ("decode-heavy", (460, 256))],
+)
+def test_fixed_shape_workloads_have_the_stated_lengths(name: str, shape: tuple) -> None:
+    items = build_workload(name, SCALES["full"], seed=0)
+    assert {(len(i.prompt_ids), i.output_len) for i in items} == {shape}
+    assert len({tuple(i.prompt_ids) for i in items}) == len(items)  # no accidental sharing
+
+
+def test_shared_prefix_prompts_share_exactly_the_prefix() -> None:
+    items = build_workload("shared-prefix", SMALL, seed=0)
+    prefix = items[0].prompt_ids[: SMALL.prefix_len]
+    for item in items:
+        assert item.prompt_ids[: SMALL.prefix_len] == prefix
+        own = len(item.prompt_ids) - SMALL.prefix_len
+        assert SMALL.prefix_suffix[0] <= own <= SMALL.prefix_suffix[1]
+        assert item.output_len == SMALL.prefix_out
+    # The token right after the prefix differs somewhere: the prompts are not all one prompt.
+    assert len({item.prompt_ids[SMALL.prefix_len] for item in items}) > 1
+
+
+def test_unknown_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown workload"):
+        build_workload("chatty", SMALL, seed=0)
+    with pytest.raises(ValueError, match="unknown scale"):
+        scale_named("huge")
+
+
+def test_poisson_arrivals_have_the_asked_mean_rate() -> None:
+    times = poisson_arrivals(rate=4.0, count=4001, seed=1)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert times[0] == 0.0 and min(gaps) >= 0
+    assert statistics.fmean(gaps) == pytest.approx(0.25, rel=0.06)
+    # Exponential gaps: the standard deviation equals the mean (a fixed pace would give 0).
+    assert statistics.pstdev(gaps) == pytest.approx(0.25, rel=0.1)
+    assert poisson_arrivals(4.0, 50, seed=1) == times[:50]
+    assert poisson_arrivals(4.0, 50, seed=2) != times[:50]
+
+
+def test_poisson_arrivals_refuse_a_rate_of_zero() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        poisson_arrivals(0.0, 10, seed=0)
