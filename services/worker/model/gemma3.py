@@ -1,0 +1,247 @@
+"""The Gemma 3 text network over the same flattened batch and paged KV cache as llama.py.
+
+What differs from Llama: RMSNorm scales by (1 + weight) in float32; q and k are RMS-normed per
+head before RoPE; every sublayer's output is normed again before the residual add (pre- and
+post-norms around both attention and MLP); embeddings are multiplied by sqrt(hidden); the MLP
+is GeLU(tanh)-gated; query scaling comes from query_pre_attn_scalar; sliding-window layers
+(own RoPE base) alternate with global ones; logits may be soft-capped; embeddings are tied.
+
+Attention runs on the torch path only: the Triton kernels take head dims 64/128 and no window
+(kernel_choice's "auto" already picks torch for Gemma's head dim 256)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.worker.attention import AttentionMetadata, paged_attention, write_kv
+from services.worker.kv_cache import PagedKVCache
+from services.worker.model.gemma3_config import FULL, SLIDING, Gemma3Config
+from services.worker.model.llama import apply_rotary
+
+
+def _weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    # Uninitialised: every weight is overwritten by the loader.
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class GemmaRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _weight(dim, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., dim] -> [..., dim]; normed and scaled by (1 + weight) in float32, as HF."""
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class RopeTables(nn.Module):
+    """cos/sin [P, D] for one RoPE base (sliding and global layers each have their own)."""
+
+    def __init__(self, inv_freq: torch.Tensor, max_positions: int, device: torch.device) -> None:
+        super().__init__()
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)  # HF rotate_half pairs dim i with i + D/2
+        self.register_buffer("cos", angles.cos().to(device), persistent=False)
+        self.register_buffer("sin", angles.sin().to(device), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] -> cos, sin [T, 1, D]."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(
+            dtype
+        )
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, config: Gemma3Config, layer: int, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.layer = layer
+        self.layer_type = config.layer_types[layer]
+        self.window = config.window(layer)
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        # SDPA divides by sqrt(head_dim); Gemma divides by sqrt(query_pre_attn_scalar).
+        self.q_scale = math.sqrt(config.head_dim / config.query_pre_attn_scalar)
+        d, eps = config.hidden_size, config.rms_norm_eps
+        self.qkv_proj = _weight(self.q_size + 2 * self.kv_size, d, dtype=dtype, device=device)
+        self.o_proj = _weight(d, self.q_size, dtype=dtype, device=device)
+        self.q_norm = GemmaRMSNorm(config.head_dim, eps, dtype, device)
+        self.k_norm = GemmaRMSNorm(config.head_dim, eps, dtype, device)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata,
+        kv_cache: PagedKVCache,
+    ) -> torch.Tensor:
+        """x: [T, d] (normed), rotary: this layer type's cos/sin [T, 1, D] -> [T, d]."""
+        tokens = x.shape[0]
+        q, k, v = F.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], -1)
+        q = self.q_norm(q.view(tokens, self.num_heads, self.head_dim))  # [T, H, D]
+        k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
+        write_kv(kv_cache, self.layer, k, v, attn)
+        out = paged_attention(q, kv_cache.layer(self.layer), attn, window=self.window)
+        return F.linear(out.reshape(tokens, self.q_size), self.o_proj)
+
+
+class Gemma3MLP(nn.Module):
+    def __init__(self, config: Gemma3Config, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        d, ffn = config.hidden_size, config.intermediate_size
+        self.intermediate_size = ffn
+        self.gate_up_proj = _weight(2 * ffn, d, dtype=dtype, device=device)
+        self.down_proj = _weight(d, ffn, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """GeGLU with tanh-approximated GeLU: x [T, d] -> [T, d]."""
+        gate, up = F.linear(x, self.gate_up_proj).split(self.intermediate_size, dim=-1)
+        return F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj)
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config: Gemma3Config, layer: int, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        d, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = GemmaRMSNorm(d, eps, dtype, device)
+        self.self_attn = Gemma3Attention(config, layer, dtype, device)
+        self.post_attention_layernorm = GemmaRMSNorm(d, eps, dtype, device)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(d, eps, dtype, device)
+        self.mlp = Gemma3MLP(config, dtype, device)
+        self.post_feedforward_layernorm = GemmaRMSNorm(d, eps, dtype, device)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata,
+        cache: PagedKVCache,
+    ) -> torch.Tensor:
+        """Sandwich-norm residual block: x [T, d] -> [T, d]."""
+        h = self.self_attn(self.input_layernorm(x), rotary, attn, cache)
+        x = x + self.post_attention_layernorm(h)
+        h = self.mlp(self.pre_feedforward_layernorm(x))
+        return x + self.post_feedforward_layernorm(h)
+
+
+class Gemma3Model(nn.Module):
+    def __init__(
+        self,
+        config: Gemma3Config,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        max_positions: int | None = None,
+    ) -> None:
+        super().__init__()
+        if not config.tie_word_embeddings:
+            raise ValueError("Gemma 3 ties its output head to the embeddings; got an lm_head")
+        if dtype == torch.float16:
+            # Its residual stream outgrows float16's range: every token comes out as <pad>.
+            raise ValueError("Gemma 3 overflows float16; use --dtype bfloat16 or float32")
+        device = torch.device(device)
+        self.config = config
+        d = config.hidden_size
+        self.embed_tokens = _weight(config.vocab_size, d, dtype=dtype, device=device)
+        # HF rounds sqrt(hidden) to the weights' dtype before multiplying; so do we.
+        self.embed_scale = float(torch.tensor(math.sqrt(d)).to(dtype))
+        self.layers = nn.ModuleList(
+            Gemma3DecoderLayer(config, i, dtype, device) for i in range(config.num_layers)
+        )
+        self.norm = GemmaRMSNorm(d, config.rms_norm_eps, dtype, device)
+        positions = max_positions or config.max_position_embeddings
+        self.rope = nn.ModuleDict(
+            {
+                kind: RopeTables(config.rope_inv_freq(kind), positions, device)
+                for kind in (SLIDING, FULL)
+            }
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionMetadata,
+        kv_cache: PagedKVCache,
+    ) -> torch.Tensor:
+        """input_ids, positions: [T] (several sequences flattened) -> final-normed hidden [T, d]."""
+        if attn.kernels != "torch":
+            raise ValueError("Gemma 3 runs on the torch attention path only (head_dim 256)")
+        x = F.embedding(input_ids, self.embed_tokens) * self.embed_scale  # [T, d]
+        rotary = {kind: tables(positions, x.dtype) for kind, tables in self.rope.items()}
+        for layer in self.layers:
+            x = layer(x, rotary[layer.self_attn.layer_type], attn, kv_cache)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, d] -> logits [N, V] float32, soft-capped when the config says so."""
+        logits = F.linear(hidden, self.embed_tokens).float()
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    @torch.no_grad()
+    def load_hf_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies Hugging Face-named weights (without "model.") in; every parameter must be
+        covered. A tied checkpoint's lm_head copy is skipped."""
+        targets = self.hf_weights()
+        missing = set(targets)
+        for name, tensor in tensors:
+            if name == "lm_head.weight":
+                continue
+            target = targets.get(name)
+            if target is None:
+                raise ValueError(f"unexpected tensor {name!r}: not part of a Gemma 3 model")
+            if target.shape != tensor.shape:
+                raise ValueError(
+                    f"{name}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}"
+                )
+            target.copy_(tensor)
+            missing.discard(name)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """HF name (without "model.") -> the parameter, or the view of a fused one, holding it."""
+        targets = {"embed_tokens.weight": self.embed_tokens, "norm.weight": self.norm.weight}
+        for i, layer in enumerate(self.layers):
+            targets.update(
+                {f"layers.{i}.{suffix}": t for suffix, t in _layer_targets(layer).items()}
+            )
+        return targets
+
+
+def _layer_targets(layer: Gemma3DecoderLayer) -> dict[str, torch.Tensor]:
+    attn, mlp = layer.self_attn, layer.mlp
+    q, kv, ffn = attn.q_size, attn.kv_size, mlp.intermediate_size
+    norms = (
+        "input_layernorm", "post_attention_layernorm",
+        "pre_feedforward_layernorm", "post_feedforward_layernorm",
+    )  # fmt: skip
+    targets = {f"{n}.weight": getattr(layer, n).weight for n in norms}
+    targets.update(
+        {
+            "self_attn.q_proj.weight": attn.qkv_proj[:q],
+            "self_attn.k_proj.weight": attn.qkv_proj[q : q + kv],
+            "self_attn.v_proj.weight": attn.qkv_proj[q + kv :],
+            "self_attn.o_proj.weight": attn.o_proj,
+            "self_attn.q_norm.weight": attn.q_norm.weight,
+            "self_attn.k_norm.weight": attn.k_norm.weight,
+            "mlp.gate_proj.weight": mlp.gate_up_proj[:ffn],
+            "mlp.up_proj.weight": mlp.gate_up_proj[ffn:],
+            "mlp.down_proj.weight": mlp.down_proj,
+        }
+    )
+    return targets

