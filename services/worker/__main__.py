@@ -15,6 +15,7 @@ from services.common.metrics import serve_metrics
 from services.common.serve import drain_server, run_service, wait_for_shutdown
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.worker.config import WorkerConfig
+from services.worker.registration import Registration
 from services.worker.server import Runner, WorkerServicer
 
 log = logging.getLogger("services.worker")
@@ -36,16 +37,34 @@ def build_runner(config: WorkerConfig) -> Runner:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
         _require_platform(device, config.dtype)
-    return ModelRunner.create(
-        path=config.model_path,
-        dtype=config.dtype,
-        device=device,
-        block_size=config.block_size,
-        num_blocks=config.num_blocks,
-        kv_cache_bytes=int(config.kv_cache_gb * 2**30),
-        max_model_len=config.max_model_len,
-        kernels=config.kernels,
-    )
+    if config.tensor_parallel_size > 1:
+        return _start_tensor_parallel(config, device)
+    try:
+        return ModelRunner.create(
+            path=config.model_path,
+            dtype=config.dtype,
+            device=device,
+            block_size=config.block_size,
+            num_blocks=config.num_blocks,
+            kv_cache_bytes=int(config.kv_cache_gb * 2**30),
+            max_model_len=config.max_model_len,
+            kernels=config.kernels,
+            cuda_graph_max_batch=0 if config.enforce_eager else config.cuda_graph_max_batch,
+            quantization=config.quantization,
+        )
+    except ValueError as e:  # a model, size or kernel choice that cannot work: one clear line
+        raise SystemExit(f"worker: cannot start: {e}") from None
+
+
+def _start_tensor_parallel(config: WorkerConfig, device: str) -> Runner:
+    """Rank 0 of a worker split across --tensor-parallel-size ranks (tp_launch.py)."""
+    from services.worker.tp_launch import start_tensor_parallel
+    from services.worker.tp_rank import RankSpec
+
+    try:
+        return start_tensor_parallel(RankSpec.from_worker_config(config, device))
+    except ValueError as e:
+        raise SystemExit(f"worker: cannot split the model: {e}") from None
 
 
 def _require_platform(device: str, dtype: str) -> None:
@@ -72,7 +91,7 @@ async def main() -> None:
         "loaded %s on %s (%s, %s kernels) in %.1fs: %d KV blocks of %d tokens, max length %d",
         config.model_name + (" (null worker)" if config.null else ""),
         runner.device,
-        runner.dtype,
+        runner.dtype + ("" if config.quantization == "none" else " with int8 weights"),
         runner.kernels,
         time.perf_counter() - started,
         runner.num_blocks,
@@ -102,7 +121,19 @@ async def main() -> None:
         log.exception("the warm-up step failed: this worker cannot serve")
         raise
     log.info("warm-up step done in %.2fs", time.perf_counter() - started)
+    registration = None
+    if config.register_with:
+        registration = Registration(
+            config.register_with,
+            config.advertised_address,
+            config.admin_key,
+            heartbeat_s=config.register_heartbeat_s,
+        )
+        registration.start()
     await wait_for_shutdown()
+    if registration is not None:
+        # First: the scheduler stops routing here and lets what runs here finish.
+        await registration.deregister(config.drain_timeout_s)
     # A worker holds requests for its scheduler: the drain waits until it has finished them
     # (it routes no new ones to a worker that is NOT_SERVING) or has gone away.
     await drain_server(
@@ -113,6 +144,9 @@ async def main() -> None:
         name="worker",
         busy=lambda: servicer.num_held,
     )
+    close = getattr(runner, "close", None)
+    if close is not None:
+        close()  # a tensor-parallel worker's other ranks stop with it
     shutdown_tracing()  # after the drain: the last steps' spans go out too
 
 
