@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 MODEL_COLUMNS = (
-    ("model", "model", "{}"), ("batch", "batch", "{}"),
+    ("model", "model", "{}"), ("steps", "mode", "{}"), ("batch", "batch", "{}"),
     ("prompt+new", None, "{}"), ("ours decode tok/s", "ours_decode_tok_s", "{:.0f}"),
     ("ours e2e tok/s", "ours_e2e_tok_s", "{:.0f}"), ("step ms", "ours_step_ms", "{:.2f}"),
     ("MBU", "mbu", "{:.0%}"), ("GPU busy", "busy_share", "{:.0%}"),
@@ -44,7 +44,7 @@ def _section(name: str, section: dict) -> list[str]:
     if name == "environment":
         lines += ["", f"device: {section.get('device')}, CUDA {section.get('torch_cuda')}"]
         lines += [f"- {k}: {v}" for k, v in section.get("packages", {}).items()]
-        lines.append(f"- stood in for (not installed, not called): {section.get('stood_in_for')}")
+        lines.append(f"- project packages absent (not needed here): {section.get('absent')}")
     elif name == "ceilings" and "copy_gbps" in section:
         gib, matmul = section["copy_bytes"] / 2**30, section["matmul_shape"]
         lines += [

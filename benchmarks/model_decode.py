@@ -73,11 +73,21 @@ def hf_model(config: LlamaConfig, dtype: torch.dtype, device: str):
     return model.to(dtype).eval()
 
 
-def runner_from(hf, config: LlamaConfig, dtype: torch.dtype, device: str, kernels: str, need: int):
-    """The worker's ModelRunner over our LlamaModel holding `hf`'s weights (or random ones)."""
+def runner_from(
+    hf,
+    config: LlamaConfig,
+    dtype: torch.dtype,
+    device: str,
+    kernels: str,
+    need: int,
+    graph_max_batch: int = 0,
+):
+    """The worker's ModelRunner over our LlamaModel holding `hf`'s weights (or random ones);
+    decode steps of up to graph_max_batch sequences replay CUDA graphs (0: eager), once the
+    caller has captured them (runner.capture_decode_graphs())."""
     from services.worker.kv_cache import PagedKVCache
     from services.worker.model.llama import LlamaModel
-    from services.worker.model.loader import LoadedModel
+    from services.worker.model.loaded import LoadedModel
     from services.worker.model_runner import ModelRunner
 
     model = LlamaModel(config, dtype, device, max_positions=MAX_POSITIONS)
@@ -96,8 +106,9 @@ def runner_from(hf, config: LlamaConfig, dtype: torch.dtype, device: str, kernel
     loaded = LoadedModel(config=config, model=model, fingerprint="random", path=Path("random"))
     cache = PagedKVCache(config, need, BLOCK_SIZE, dtype, torch.device(device))
     return ModelRunner(
-        loaded, cache, max_model_len=MAX_POSITIONS, model_name="random", kernels=kernels
-    )
+        loaded, cache, max_model_len=MAX_POSITIONS, model_name="random", kernels=kernels,
+        cuda_graph_max_batch=graph_max_batch,
+    )  # fmt: skip
 
 
 def weight_bytes(config: LlamaConfig, dtype: torch.dtype) -> int:
@@ -247,35 +258,51 @@ def measure(name: str, config: LlamaConfig, work: Workload, dtype, device, copy_
         hf, hf_error = None, f"NOT RUN: {err}"
     largest = max(work.batches)
     need = largest * (-(-(work.prompt_len + work.new_tokens) // BLOCK_SIZE) + 1)
-    runner = runner_from(hf, config, dtype, device, "triton", need)
+    runners = {
+        "eager": runner_from(hf, config, dtype, device, "triton", need),
+        "cuda graphs": runner_from(hf, config, dtype, device, "triton", need, largest),
+    }
+    capture_s = {}
+    for mode, runner in runners.items():  # reported, never inside a timed region
+        started = time.perf_counter()
+        runner.capture_decode_graphs()
+        capture_s[mode] = round(time.perf_counter() - started, 2)
     gen = torch.Generator().manual_seed(1)
     rows = []
     for batch in work.batches:
         prompts = torch.randint(1, config.vocab_size, (batch, work.prompt_len), generator=gen)
         prompts = prompts.tolist()
-        warm = _Batch(runner, prompts, f"w{batch}")  # compiles this batch's kernel variants
-        for _ in range(2):
-            warm.step()
-        warm.finish()
-        mine = ours(runner, prompts, work.new_tokens, device, f"b{batch}")
         theirs = hf_generate(hf, prompts, work.new_tokens, device) if hf is not None else None
-        step_bytes = weight_bytes(config, dtype) + kv_bytes(
-            config, dtype, int(mine["mean_context"] * batch)
-        )
-        same = None
-        if theirs is not None:
-            same = sum(a == b for a, b in zip(mine["tokens"], theirs["tokens"], strict=True))
-        rows.append({
-            "model": name, "batch": batch, "prompt_len": work.prompt_len,
-            "new_tokens": work.new_tokens,
-            "ours_decode_tok_s": batch / mine["step_s"],
-            "ours_e2e_tok_s": batch * work.new_tokens / mine["e2e_s"],
-            "ours_step_ms": 1e3 * mine["step_s"],
-            "mbu": step_bytes / mine["step_s"] / 1e9 / copy_gbps,
-            "busy_share": mine["busy_share"],
-            "hf_decode_tok_s": None if theirs is None else batch / max(theirs["step_s"], 1e-9),
-            "hf_e2e_tok_s": None if theirs is None else batch * work.new_tokens / theirs["e2e_s"],
-            "greedy_same_as_hf": None if same is None else f"{same}/{batch}",
-            "hf": hf_error or "ran",
-        })  # fmt: skip
+        for mode, runner in runners.items():
+            warm = _Batch(runner, prompts, f"w{batch}")  # compiles this batch's kernel variants
+            for _ in range(2):
+                warm.step()
+            warm.finish()
+            mine = ours(runner, prompts, work.new_tokens, device, f"b{batch}")
+            rows.append(_row(name, config, work, dtype, copy_gbps, batch, mine, theirs, hf_error))
+            rows[-1]["mode"] = mode
+            rows[-1]["graphs_captured"] = runner.cuda_graph_sizes
+            rows[-1]["capture_s"] = capture_s[mode]
     return rows
+
+
+def _row(name, config, work, dtype, copy_gbps, batch, mine, theirs, hf_error) -> dict:
+    step_bytes = weight_bytes(config, dtype) + kv_bytes(
+        config, dtype, int(mine["mean_context"] * batch)
+    )
+    same = None
+    if theirs is not None:
+        same = sum(a == b for a, b in zip(mine["tokens"], theirs["tokens"], strict=True))
+    return {
+        "model": name, "batch": batch, "prompt_len": work.prompt_len,
+        "new_tokens": work.new_tokens,
+        "ours_decode_tok_s": batch / mine["step_s"],
+        "ours_e2e_tok_s": batch * work.new_tokens / mine["e2e_s"],
+        "ours_step_ms": 1e3 * mine["step_s"],
+        "mbu": step_bytes / mine["step_s"] / 1e9 / copy_gbps,
+        "busy_share": mine["busy_share"],
+        "hf_decode_tok_s": None if theirs is None else batch / max(theirs["step_s"], 1e-9),
+        "hf_e2e_tok_s": None if theirs is None else batch * work.new_tokens / theirs["e2e_s"],
+        "greedy_same_as_hf": None if same is None else f"{same}/{batch}",
+        "hf": hf_error or "ran",
+    }  # fmt: skip

@@ -10,9 +10,11 @@ from pathlib import Path
 import torch
 
 from services.worker.attention import AttentionMetadata
-from services.worker.kernel_choice import resolve_kernels
+from services.worker.decode_graphs import DecodeGraphs
+from services.worker.kernel_choice import check_kernel_device, resolve_kernels
 from services.worker.kv_cache import PagedKVCache, num_blocks_for_bytes
-from services.worker.model.loader import LoadedModel, default_path, load_model
+from services.worker.model.loaded import LoadedModel
+from services.worker.model.quant import quantize_loaded
 from services.worker.plan import Sampled, StepPlan
 from services.worker.sampler import Sampler
 from services.worker.sequences import PlanLimits, SequenceState, validate_plan
@@ -23,6 +25,8 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # GPU cache this share of the memory still free once the weights are loaded.
 DEFAULT_CPU_KV_BYTES = 1 << 30
 DEFAULT_GPU_KV_FRACTION = 0.8
+# Decode steps of up to this many sequences replay CUDA graphs (vLLM captures up to 512).
+DEFAULT_CUDA_GRAPH_MAX_BATCH = 256
 
 
 @dataclass(slots=True)
@@ -40,8 +44,13 @@ class ModelRunner:
         max_model_len: int,
         model_name: str,
         kernels: str = "auto",
+        cuda_graph_max_batch: int = 0,
     ) -> None:
-        """kernels: --kernels (auto, torch or triton; kernel_choice.py); ValueError if unusable."""
+        """kernels: --kernels (auto, torch or triton; kernel_choice.py); ValueError if unusable.
+
+        cuda_graph_max_batch > 0 runs decode-only steps of up to that many sequences through
+        DecodeGraphs (decode_graphs.py) when the Triton kernels run; capture_decode_graphs()
+        captures them. 0 runs every step eagerly."""
         self._loaded = loaded
         self._model = loaded.model
         self._cache = kv_cache
@@ -58,6 +67,15 @@ class ModelRunner:
             max_model_len=max_model_len,
             vocab_size=loaded.config.vocab_size,
         )
+        self._graphs: DecodeGraphs | None = None
+        if cuda_graph_max_batch > 0 and self._kernels == "triton":
+            self._graphs = DecodeGraphs(
+                self._model,
+                kv_cache,
+                max_batch=cuda_graph_max_batch,
+                max_model_len=max_model_len,
+                hidden_size=loaded.config.hidden_size,
+            )
 
     @classmethod
     def create(
@@ -72,17 +90,27 @@ class ModelRunner:
         model_name: str | None = None,
         num_threads: int | None = None,
         kernels: str = "auto",
+        cuda_graph_max_batch: int | None = None,
+        quantization: str = "none",
     ) -> ModelRunner:
         """Loads the model (the bundled SmolLM2 GGUF by default) and allocates the KV cache.
 
-        num_blocks wins over kv_cache_bytes; with neither, see DEFAULT_*_KV_* above."""
+        num_blocks wins over kv_cache_bytes; with neither, see DEFAULT_*_KV_* above.
+        cuda_graph_max_batch: None = DEFAULT_CUDA_GRAPH_MAX_BATCH on CUDA; 0 = eager only.
+        quantization: "none" or "int8" (weight-only, model/quant.py), applied after loading."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        # Here, not at the top: the loaders import gguf and safetensors, which running a model
+        # (the GPU check, a runner built around weights in memory) does not need.
+        from services.worker.model.loader import default_path, load_model
+
         torch_device = torch.device(device)
+        check_kernel_device(kernels, torch_device)  # before seconds of loading, not after
         torch_dtype = DTYPES[dtype]
         loaded = load_model(path or default_path(), dtype=torch_dtype, device=torch_device)
+        loaded = quantize_loaded(loaded, quantization)
         limit = loaded.config.max_position_embeddings
         if max_model_len is not None and not 0 < max_model_len <= limit:
             raise ValueError(f"max_model_len must be in [1, {limit}], got {max_model_len}")
@@ -93,9 +121,20 @@ class ModelRunner:
             num_blocks = num_blocks_for_bytes(loaded.config, block_size, torch_dtype, budget)
         cache = PagedKVCache(loaded.config, num_blocks, block_size, torch_dtype, torch_device)
         name = model_name or (DEFAULT_MODEL_NAME if path is None else Path(path).stem.lower())
-        return cls(
-            loaded, cache, max_model_len=max_model_len or limit, model_name=name, kernels=kernels
+        if cuda_graph_max_batch is None:
+            cuda_graph_max_batch = (
+                DEFAULT_CUDA_GRAPH_MAX_BATCH if torch_device.type == "cuda" else 0
+            )
+        runner = cls(
+            loaded,
+            cache,
+            max_model_len=max_model_len or limit,
+            model_name=name,
+            kernels=kernels,
+            cuda_graph_max_batch=cuda_graph_max_batch,
         )
+        runner.capture_decode_graphs()
+        return runner
 
     # Read-only facts the server reports to the scheduler.
     @property
@@ -129,6 +168,19 @@ class ModelRunner:
     @property
     def dtype(self) -> str:
         return str(self._dtype).removeprefix("torch.")
+
+    @property
+    def cuda_graph_sizes(self) -> list[int]:
+        """Batch sizes whose decode steps replay a CUDA graph; [] when steps run eagerly."""
+        if self._graphs is None or not self._graphs.uses_cuda_graphs:
+            return []
+        return self._graphs.sizes
+
+    def capture_decode_graphs(self) -> None:
+        """Captures the decode CUDA graphs (seconds, on CUDA only); call before serving."""
+        if self._graphs is not None:
+            with torch.inference_mode():
+                self._graphs.capture()
 
     @property
     def kernels(self) -> str:
@@ -179,6 +231,27 @@ class ModelRunner:
 
     def _run(self, scheduled: list[_Scheduled]) -> list[Sampled]:
         """Forward over the flattened batch, then sample the sequences that reached their end."""
+        if self._graphs is not None and self._is_graphable(scheduled):
+            hidden = self._decode_with_graphs(scheduled)  # [S, d]: one row per sequence
+            last_rows = torch.arange(len(scheduled), device=self._device)
+        else:
+            hidden, last_rows = self._forward(scheduled)
+        for item in scheduled:
+            item.state.num_computed += item.num_new
+        # Logits only where a token is due: the last row of each sequence that is caught up.
+        ready = [
+            (i, item.state)
+            for i, item in enumerate(scheduled)
+            if item.state.num_computed == len(item.state.token_ids)
+        ]
+        if not ready:
+            return []
+        rows = last_rows[torch.tensor([i for i, _ in ready], device=self._device)]
+        logits = self._model.compute_logits(hidden[rows])  # [N, V] float32
+        return self._sample(logits, [state for _, state in ready])
+
+    def _forward(self, scheduled: list[_Scheduled]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eager forward: hidden states [T, d] and the last row of each sequence [S]."""
         input_ids: list[int] = []
         for item in scheduled:
             start = item.state.num_computed
@@ -193,20 +266,24 @@ class ModelRunner:
         )
         tokens = torch.tensor(input_ids, dtype=torch.int64, device=self._device)
         hidden = self._model(tokens, attn.positions, attn, self._cache)  # [T, d]
-        for item in scheduled:
-            item.state.num_computed += item.num_new
-        # Logits only where a token is due: the last row of each sequence that is caught up.
-        ready = [
-            (i, item.state)
-            for i, item in enumerate(scheduled)
-            if item.state.num_computed == len(item.state.token_ids)
-        ]
-        if not ready:
-            return []
-        last_rows = attn.query_start[1:] - 1  # [S]
-        rows = last_rows[torch.tensor([i for i, _ in ready], device=self._device)]
-        logits = self._model.compute_logits(hidden[rows])  # [N, V] float32
-        return self._sample(logits, [state for _, state in ready])
+        return hidden, attn.query_start[1:] - 1
+
+    def _is_graphable(self, scheduled: list[_Scheduled]) -> bool:
+        """A decode-only step (one new token per sequence) of a size the graphs cover."""
+        if any(item.num_new != 1 for item in scheduled):
+            return False
+        longest = max(item.state.num_computed + 1 for item in scheduled)
+        return self._graphs is not None and self._graphs.can_run(len(scheduled), longest)
+
+    def _decode_with_graphs(self, scheduled: list[_Scheduled]) -> torch.Tensor:
+        assert self._graphs is not None
+        states = [item.state for item in scheduled]
+        return self._graphs.forward(
+            input_ids=[s.token_ids[s.num_computed] for s in states],
+            positions=[s.num_computed for s in states],
+            context_lens=[s.num_computed + 1 for s in states],
+            block_tables=[s.block_ids for s in states],
+        )
 
     def _sample(self, logits: torch.Tensor, states: list[SequenceState]) -> list[Sampled]:
         out = self._sampler.sample(

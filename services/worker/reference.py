@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from services.worker.model.config import LlamaConfig, rope_inv_freq
 from services.worker.model.llama import LlamaDecoderLayer, LlamaModel
-from services.worker.model.loader import LoadedModel
+from services.worker.model.loaded import LoadedModel
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

