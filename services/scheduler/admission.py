@@ -52,6 +52,14 @@ def admit(
             param="prompt",
         )
     kv_capacity = limits.num_blocks * limits.block_size
+    if num_prompt >= kv_capacity:
+        # Checked apart: with max_tokens unset, "what fits" below would be negative, and a
+        # request that can never get its blocks would wait in the queue forever.
+        raise InvalidArgument(
+            f"your prompt has {num_prompt} tokens, but this worker's KV cache holds "
+            f"{kv_capacity} tokens, prompt and completion together. Shorten the prompt.",
+            param="prompt",
+        )
     # Unset max_tokens means "as many as fit": in the context and in the worker's KV cache.
     resolved = max_tokens or min(limits.max_model_len, kv_capacity) - num_prompt
     if num_prompt + resolved > limits.max_model_len:

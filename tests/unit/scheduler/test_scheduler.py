@@ -151,3 +151,7 @@ def test_admission_rejects_what_can_never_run():
     with pytest.raises(InvalidArgument, match="temperature"):
         build([5], max_tokens=1, sampling=SamplingOptions(temperature=9))
     assert build([5] * 4, max_tokens=0).max_tokens == 12  # what fits in the KV cache
+    # Longer than the KV cache, shorter than the context, max_tokens unset: refused at once
+    # (it used to pass as "-4 tokens to generate" and wait forever for 5 blocks of 4).
+    with pytest.raises(InvalidArgument, match="KV cache holds 16 tokens"):
+        build([5] * 20, max_tokens=0)
