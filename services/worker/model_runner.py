@@ -231,8 +231,9 @@ class ModelRunner:
 
     def _run(self, scheduled: list[_Scheduled]) -> list[Sampled]:
         """Forward over the flattened batch, then sample the sequences that reached their end."""
-        if self._graphs is not None and self._is_graphable(scheduled):
-            hidden = self._decode_with_graphs(scheduled)  # [S, d]: one row per sequence
+        graphs = self._graphs
+        if graphs is not None and _is_graphable(graphs, scheduled):
+            hidden = _decode_with_graphs(graphs, scheduled)  # [S, d]: one row per sequence
             last_rows = torch.arange(len(scheduled), device=self._device)
         else:
             hidden, last_rows = self._forward(scheduled)
@@ -268,23 +269,6 @@ class ModelRunner:
         hidden = self._model(tokens, attn.positions, attn, self._cache)  # [T, d]
         return hidden, attn.query_start[1:] - 1
 
-    def _is_graphable(self, scheduled: list[_Scheduled]) -> bool:
-        """A decode-only step (one new token per sequence) of a size the graphs cover."""
-        if any(item.num_new != 1 for item in scheduled):
-            return False
-        longest = max(item.state.num_computed + 1 for item in scheduled)
-        return self._graphs is not None and self._graphs.can_run(len(scheduled), longest)
-
-    def _decode_with_graphs(self, scheduled: list[_Scheduled]) -> torch.Tensor:
-        assert self._graphs is not None
-        states = [item.state for item in scheduled]
-        return self._graphs.forward(
-            input_ids=[s.token_ids[s.num_computed] for s in states],
-            positions=[s.num_computed for s in states],
-            context_lens=[s.num_computed + 1 for s in states],
-            block_tables=[s.block_ids for s in states],
-        )
-
     def _sample(self, logits: torch.Tensor, states: list[SequenceState]) -> list[Sampled]:
         out = self._sampler.sample(
             logits,
@@ -305,6 +289,24 @@ class ModelRunner:
                 )
             )
         return results
+
+
+def _is_graphable(graphs: DecodeGraphs, scheduled: list[_Scheduled]) -> bool:
+    """A decode-only step (one new token per sequence) of a size the graphs cover."""
+    if any(item.num_new != 1 for item in scheduled):
+        return False
+    longest = max(item.state.num_computed + 1 for item in scheduled)
+    return graphs.can_run(len(scheduled), longest)
+
+
+def _decode_with_graphs(graphs: DecodeGraphs, scheduled: list[_Scheduled]) -> torch.Tensor:
+    states = [item.state for item in scheduled]
+    return graphs.forward(
+        input_ids=[s.token_ids[s.num_computed] for s in states],
+        positions=[s.num_computed for s in states],
+        context_lens=[s.num_computed + 1 for s in states],
+        block_tables=[s.block_ids for s in states],
+    )
 
 
 def _default_kv_bytes(device: torch.device) -> int:

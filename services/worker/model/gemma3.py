@@ -22,6 +22,7 @@ from services.worker.attention import AttentionMetadata, paged_attention, write_
 from services.worker.kv_cache import PagedKVCache
 from services.worker.model.gemma3_config import FULL, SLIDING, Gemma3Config
 from services.worker.model.llama import apply_rotary
+from services.worker.model.weights import copy_hf_weights
 
 
 def _weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -192,26 +193,10 @@ class Gemma3Model(nn.Module):
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    @torch.no_grad()
     def load_hf_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face-named weights (without "model.") in; every parameter must be
         covered. A tied checkpoint's lm_head copy is skipped."""
-        targets = self.hf_weights()
-        missing = set(targets)
-        for name, tensor in tensors:
-            if name == "lm_head.weight":
-                continue
-            target = targets.get(name)
-            if target is None:
-                raise ValueError(f"unexpected tensor {name!r}: not part of a Gemma 3 model")
-            if target.shape != tensor.shape:
-                raise ValueError(
-                    f"{name}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}"
-                )
-            target.copy_(tensor)
-            missing.discard(name)
-        if missing:
-            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+        copy_hf_weights(self.hf_weights(), tensors, "Gemma 3", lambda n: n == "lm_head.weight")
 
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """HF name (without "model.") -> the parameter, or the view of a fused one, holding it."""

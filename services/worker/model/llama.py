@@ -17,6 +17,7 @@ from torch import nn
 from services.worker.attention import AttentionMetadata, paged_attention, write_kv
 from services.worker.kv_cache import PagedKVCache
 from services.worker.model.config import LlamaConfig, rope_inv_freq
+from services.worker.model.weights import copy_hf_weights
 
 
 def _weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -199,65 +200,34 @@ class LlamaModel(nn.Module):
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         return F.linear(hidden, head).float()
 
-    @torch.no_grad()
     def load_hf_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face-named weights (without the "model." prefix) into this module.
 
         Fused projections are filled slice by slice; every parameter must be covered."""
-        missing = set(self._expected_names())
-        for name, tensor in tensors:
-            if name.endswith("rotary_emb.inv_freq") or (
+
+        def skip(name: str) -> bool:  # derived from the config / a tied checkpoint's copy
+            return name.endswith("rotary_emb.inv_freq") or (
                 name == "lm_head.weight" and self.lm_head is None
-            ):
-                continue  # derived from the config / a tied checkpoint's redundant copy
-            target = self._target(name)
-            if target is None:
-                raise ValueError(f"unexpected tensor {name!r}: not part of a Llama model")
-            if target.shape != tensor.shape:
-                raise ValueError(
-                    f"{name}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}"
-                )
-            target.copy_(tensor)
-            missing.discard(name)
-        if missing:
-            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+            )
 
-    def _expected_names(self) -> list[str]:
-        names = ["embed_tokens.weight", "norm.weight"]
+        copy_hf_weights(self.hf_weights(), tensors, "Llama", skip)
+
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """HF name (without "model.") -> the parameter, or the slice of a fused one, holding it."""
+        targets = {"embed_tokens.weight": self.embed_tokens, "norm.weight": self.norm.weight}
         if self.lm_head is not None:
-            names.append("lm_head.weight")
-        per_layer = [
-            "input_layernorm.weight", "post_attention_layernorm.weight",
-            "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-            "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-            "mlp.down_proj.weight",
-        ]  # fmt: skip
-        for i in range(self.config.num_layers):
-            names.extend(f"layers.{i}.{suffix}" for suffix in per_layer)
-        return names
-
-    def _target(self, name: str) -> torch.Tensor | None:
-        """The parameter (or the slice of a fused one) that HF tensor `name` fills."""
-        top = {
-            "embed_tokens.weight": self.embed_tokens,
-            "norm.weight": self.norm.weight,
-            "lm_head.weight": self.lm_head,
-        }
-        if name in top:
-            return top[name]
-        parts = name.split(".", 2)
-        if parts[0] != "layers" or len(parts) != 3 or not parts[1].isdigit():
-            return None
-        if int(parts[1]) >= len(self.layers):
-            return None
-        layer: LlamaDecoderLayer = self.layers[int(parts[1])]  # type: ignore[assignment]
-        return _layer_target(layer, parts[2])
+            targets["lm_head.weight"] = self.lm_head
+        for i, layer in enumerate(self.layers):
+            targets.update(
+                {f"layers.{i}.{suffix}": t for suffix, t in _layer_targets(layer).items()}
+            )
+        return targets
 
 
-def _layer_target(layer: LlamaDecoderLayer, suffix: str) -> torch.Tensor | None:
+def _layer_targets(layer: LlamaDecoderLayer) -> dict[str, torch.Tensor]:
     attn, mlp = layer.self_attn, layer.mlp
     q, kv, ffn = attn.q_size, attn.kv_size, mlp.intermediate_size
-    targets = {
+    return {
         "input_layernorm.weight": layer.input_layernorm.weight,
         "post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
         "self_attn.q_proj.weight": attn.qkv_proj[:q],
@@ -268,4 +238,3 @@ def _layer_target(layer: LlamaDecoderLayer, suffix: str) -> torch.Tensor | None:
         "mlp.up_proj.weight": mlp.gate_up_proj[ffn:],
         "mlp.down_proj.weight": mlp.down_proj,
     }
-    return targets.get(suffix)

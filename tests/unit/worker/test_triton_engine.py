@@ -7,26 +7,18 @@ prefill continuing a cached prefix. Without a GPU the kernels run in Triton's in
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 import torch
 
 from services.worker.kernel_choice import resolve_kernels
 from services.worker.kv_cache import PagedKVCache
-from services.worker.model.config import LlamaConfig
-from services.worker.model.llama import LlamaModel
 from services.worker.model.loaded import LoadedModel
 from services.worker.model_runner import ModelRunner
 from services.worker.reference import greedy_generate
 from tests.unit.worker.plan_driver import Driver
+from tests.unit.worker.tiny_model import CONFIG, DEVICE, random_prompts, random_tiny
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-CONFIG = LlamaConfig(
-    vocab_size=256, hidden_size=128, intermediate_size=192, num_layers=2, num_heads=4,
-    num_kv_heads=2, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-5,
-    max_position_embeddings=512, tie_word_embeddings=False, eos_token_ids=(0,),
-)  # fmt: skip
 NEW_TOKENS = 6
 BLOCK_SIZE = 16
 PROMPT_LENS = (5, 23, 40)  # one block, two blocks, three blocks (a partial last one each)
@@ -34,19 +26,12 @@ PROMPT_LENS = (5, 23, 40)  # one block, two blocks, three blocks (a partial last
 
 @pytest.fixture(scope="module")
 def tiny() -> LoadedModel:
-    model = LlamaModel(CONFIG, torch.float32, DEVICE)
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            values = torch.randn(param.shape, generator=gen) * 0.2
-            param.copy_(values + 1.0 if name.endswith("norm.weight") else values)
-    return LoadedModel(config=CONFIG, model=model, fingerprint="tiny", path=Path("tiny"))
+    return random_tiny(seed=7)
 
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(3)
-    return [torch.randint(1, CONFIG.vocab_size, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+    return random_prompts(PROMPT_LENS, seed=3)
 
 
 def _runner(loaded: LoadedModel, kernels: str) -> ModelRunner:
