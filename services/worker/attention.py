@@ -51,6 +51,9 @@ class AttentionMetadata:
     context_lens_device: torch.Tensor | None = None  # [S] int64, triton path only
     max_query_len: int = 0
     max_context_len: int = 0
+    # The same layout for KV cache groups 1, 2, ... (kv_cache.py), each through its own block
+    # tables; empty with one group.
+    groups: tuple[AttentionMetadata, ...] = ()
 
     @classmethod
     def build(
@@ -61,10 +64,17 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device,
         kernels: str = "torch",
+        group_block_tables: list[list[list[int]]] | None = None,
     ) -> AttentionMetadata:
         """Lays out S sequences; each block table must cover its context (checked by the caller).
 
+        group_block_tables: per KV cache group 1, 2, ..., the S block tables of that group; -1
+        entries (blocks a sliding-window group dropped) read block 0, which the window masks.
         The torch path's decode group and prefill masks are built only for kernels="torch"."""
+        groups = tuple(
+            cls.build(query_lens, context_lens, tables, block_size, device, kernels)
+            for tables in group_block_tables or ()
+        )
         starts = [0]
         for length in query_lens:
             starts.append(starts[-1] + length)
@@ -72,6 +82,7 @@ class AttentionMetadata:
         tables = torch.zeros((len(block_tables), max_blocks), dtype=torch.int64)
         for i, table in enumerate(block_tables):
             tables[i, : len(table)] = torch.tensor(table, dtype=torch.int64)
+        tables.clamp_(min=0)
         positions, seq_of_token = _positions(query_lens, context_lens)
         blocks = tables[seq_of_token, positions // block_size]
         slots = blocks * block_size + positions % block_size
@@ -97,11 +108,16 @@ class AttentionMetadata:
             context_lens_device=device_lens,
             max_query_len=max(query_lens),
             max_context_len=max(context_lens),
+            groups=groups,
         )
 
     @property
     def num_tokens(self) -> int:
         return int(sum(self.query_lens))
+
+    def for_group(self, group: int) -> AttentionMetadata:
+        """The metadata addressing KV cache group `group`'s blocks (0: this one)."""
+        return self if group == 0 else self.groups[group - 1]
 
 
 def _positions(query_lens: list[int], context_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

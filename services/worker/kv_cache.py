@@ -1,39 +1,88 @@
 """The paged KV cache: fixed-size blocks of key/value vectors, addressed by block id.
 
 The scheduler owns which block holds what; the worker only writes where a step's slot mapping
-says and reads through each sequence's block table."""
+says and reads through each sequence's block table.
+
+Layers are split into KV cache groups of equal size, each with its own block table per sequence
+and all drawing from one pool of blocks (a block holds block_size tokens of one group's layers).
+A model whose layers all see the same keys has one group of every layer. Gemma 3 has global
+layers and sliding-window ones: a sliding group's blocks wholly before a query's window are
+never read again, so the scheduler frees them while the global group's table keeps growing
+(vLLM's hybrid KV cache manager does the same)."""
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 
 from services.worker.model.config import LlamaConfig
 
 
-def bytes_per_block(config: LlamaConfig, block_size: int, dtype: torch.dtype) -> int:
-    """The bytes one block takes across all layers, keys and values."""
+@dataclass(frozen=True, slots=True)
+class KVCacheGroup:
+    layers: tuple[int, ...]  # model layers sharing one block table, in layer order
+    window: int | None = None  # their sliding window; None = they attend to every earlier key
+
+
+def kv_cache_groups(config: LlamaConfig) -> list[KVCacheGroup]:
+    """One group of every layer when all layers have the same window; otherwise the layers of
+    each window split into groups of one common size (the gcd of the counts), full-attention
+    groups first. Gemma 3 270M: 3 global + 15 sliding layers -> 1 + 5 groups of 3."""
+    layers_by_window: dict[int | None, list[int]] = {}
+    for layer in range(config.num_layers):
+        layers_by_window.setdefault(config.window(layer), []).append(layer)
+    size = math.gcd(*(len(layers) for layers in layers_by_window.values()))
+    groups = []
+    for window in sorted(layers_by_window, key=lambda w: -1 if w is None else w):
+        layers = layers_by_window[window]
+        groups.extend(
+            KVCacheGroup(tuple(layers[i : i + size]), window) for i in range(0, len(layers), size)
+        )
+    return groups
+
+
+def bytes_per_block(
+    config: LlamaConfig, block_size: int, dtype: torch.dtype, layers_per_block: int | None = None
+) -> int:
+    """The bytes one block takes across its group's layers (all layers by default), keys and
+    values."""
     element_size = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.kv_size * element_size
+    layers = config.num_layers if layers_per_block is None else layers_per_block
+    return 2 * layers * block_size * config.kv_size * element_size
 
 
 def num_blocks_for_bytes(
-    config: LlamaConfig, block_size: int, dtype: torch.dtype, budget_bytes: int
+    config: LlamaConfig,
+    block_size: int,
+    dtype: torch.dtype,
+    budget_bytes: int,
+    groups: list[KVCacheGroup] | None = None,
 ) -> int:
     """How many whole blocks fit in budget_bytes (at least one is required)."""
-    count = budget_bytes // bytes_per_block(config, block_size, dtype)
+    per_block = bytes_per_block(config, block_size, dtype, _group_size(config, groups))
+    count = budget_bytes // per_block
     if count < 1:
         raise ValueError(
             f"a KV budget of {budget_bytes} bytes holds no block of {block_size} tokens "
-            f"({bytes_per_block(config, block_size, dtype)} bytes each)"
+            f"({per_block} bytes each)"
         )
     return int(count)
+
+
+def _group_size(config: LlamaConfig, groups: list[KVCacheGroup] | None) -> int:
+    return config.num_layers if groups is None else len(groups[0].layers)
 
 
 class PagedKVCache:
     """Per layer, K and V as [num_blocks, block_size, num_kv_heads, head_dim].
 
-    One allocation holds every layer ([num_layers, 2, ...]) so the cache is a single contiguous
-    buffer; the per-layer tensors are views of it."""
+    One allocation holds every layer ([layers per group, 2, ...]) so the cache is a single
+    contiguous buffer; the per-layer tensors are views of it. With several groups, the i-th
+    layer of every group uses the i-th slice: a block holds one group's layers, and the
+    scheduler gives each block to one group of one request at a time. groups=None: one group of
+    every layer."""
 
     def __init__(
         self,
@@ -42,16 +91,28 @@ class PagedKVCache:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        groups: list[KVCacheGroup] | None = None,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
             )
+        self.groups = groups or [KVCacheGroup(tuple(range(config.num_layers)))]
+        size = len(self.groups[0].layers)
+        if any(len(g.layers) != size for g in self.groups):
+            raise ValueError("every KV cache group must hold the same number of layers")
+        self._slot_of: dict[int, int] = {}  # layer -> its slice of the buffer
+        self._group_of: dict[int, int] = {}
+        for index, group in enumerate(self.groups):
+            for slot, layer in enumerate(group.layers):
+                self._slot_of[layer], self._group_of[layer] = slot, index
+        if sorted(self._slot_of) != list(range(config.num_layers)):
+            raise ValueError("the KV cache groups must hold every layer exactly once")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        shape = (config.num_layers, 2, num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        shape = (size, 2, num_blocks, block_size, config.num_kv_heads, config.head_dim)
         # Zeros, not empty: padded block-table entries read block 0 and are masked out, and
         # masked garbage must not be NaN/Inf (0 * inf in a matmul would poison real rows).
         self._buffer = torch.zeros(shape, dtype=dtype, device=device)
@@ -62,7 +123,12 @@ class PagedKVCache:
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
-        return self._buffer[layer, 0], self._buffer[layer, 1]
+        slot = self._slot_of[layer]
+        return self._buffer[slot, 0], self._buffer[slot, 1]
+
+    def group_of(self, layer: int) -> int:
+        """The KV cache group whose block tables address this layer's blocks."""
+        return self._group_of[layer]
 
     def write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor

@@ -12,7 +12,12 @@ import torch
 from services.worker.attention import AttentionMetadata
 from services.worker.decode_graphs import DecodeGraphs
 from services.worker.kernel_choice import check_kernel_device, resolve_kernels
-from services.worker.kv_cache import PagedKVCache, num_blocks_for_bytes
+from services.worker.kv_cache import (
+    KVCacheGroup,
+    PagedKVCache,
+    kv_cache_groups,
+    num_blocks_for_bytes,
+)
 from services.worker.model.loaded import LoadedModel
 from services.worker.model.quant import quantize_loaded
 from services.worker.plan import Sampled, StepPlan
@@ -66,9 +71,11 @@ class ModelRunner:
             num_blocks=kv_cache.num_blocks,
             max_model_len=max_model_len,
             vocab_size=loaded.config.vocab_size,
+            windows=tuple(group.window for group in kv_cache.groups),
         )
         self._graphs: DecodeGraphs | None = None
-        if cuda_graph_max_batch > 0 and self._kernels == "triton":
+        one_group = len(kv_cache.groups) == 1  # the graphs' static buffers hold one table
+        if cuda_graph_max_batch > 0 and self._kernels == "triton" and one_group:
             self._graphs = DecodeGraphs(
                 self._model,
                 kv_cache,
@@ -114,12 +121,17 @@ class ModelRunner:
         limit = loaded.config.max_position_embeddings
         if max_model_len is not None and not 0 < max_model_len <= limit:
             raise ValueError(f"max_model_len must be in [1, {limit}], got {max_model_len}")
+        groups = kv_cache_groups(loaded.config)
         if num_blocks is None:
             budget = (
                 kv_cache_bytes if kv_cache_bytes is not None else _default_kv_bytes(torch_device)
             )
-            num_blocks = num_blocks_for_bytes(loaded.config, block_size, torch_dtype, budget)
-        cache = PagedKVCache(loaded.config, num_blocks, block_size, torch_dtype, torch_device)
+            num_blocks = num_blocks_for_bytes(
+                loaded.config, block_size, torch_dtype, budget, groups
+            )
+        cache = PagedKVCache(
+            loaded.config, num_blocks, block_size, torch_dtype, torch_device, groups
+        )
         name = model_name or (DEFAULT_MODEL_NAME if path is None else Path(path).stem.lower())
         if cuda_graph_max_batch is None:
             cuda_graph_max_batch = (
@@ -148,6 +160,10 @@ class ModelRunner:
     @property
     def max_model_len(self) -> int:
         return self._max_model_len
+
+    @property
+    def kv_cache_groups(self) -> list[KVCacheGroup]:
+        return self._cache.groups
 
     @property
     def vocab_size(self) -> int:
@@ -220,12 +236,16 @@ class ModelRunner:
                 num_computed=seq.num_computed_tokens,
                 block_ids=list(seq.block_ids),
                 sampling=seq.sampling,
+                group_block_ids=[list(table) for table in seq.group_block_ids],
             )
             self._requests[seq.request_id] = state
             scheduled.append(_Scheduled(state, seq.num_new_tokens))
         for diff in plan.running:
             state = self._requests[diff.request_id]
             state.block_ids.extend(diff.new_block_ids)
+            appended = diff.group_new_block_ids
+            for table, new_blocks in zip(state.group_block_ids, appended, strict=True):
+                table.extend(new_blocks)
             scheduled.append(_Scheduled(state, diff.num_new_tokens))
         return [item for item in scheduled if item.num_new > 0]
 
@@ -264,6 +284,10 @@ class ModelRunner:
             block_size=self._cache.block_size,
             device=self._device,
             kernels=self._kernels,
+            group_block_tables=[
+                [item.state.group_block_ids[g] for item in scheduled]
+                for g in range(len(self._cache.groups) - 1)
+            ],
         )
         tokens = torch.tensor(input_ids, dtype=torch.int64, device=self._device)
         hidden = self._model(tokens, attn.positions, attn, self._cache)  # [T, d]

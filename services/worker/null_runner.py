@@ -28,6 +28,7 @@ class NullRunner:
     device = "cpu"
     dtype = "none"
     kernels = "none"
+    kv_cache_groups = ()  # one group of every layer: one block table per sequence
 
     def __init__(
         self, *, block_size: int = 16, num_blocks: int = 65536, max_model_len: int = 8192

@@ -19,6 +19,8 @@ class NewSequence:
     num_new_tokens: int  # tokens to compute this step
     block_ids: list[int]  # block table, in sequence order
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    # Block tables of KV cache groups 1, 2, ... (kv_cache.py); -1 = dropped by a sliding group.
+    group_block_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -28,6 +30,7 @@ class RunningSequence:
     request_id: str
     num_new_tokens: int
     new_block_ids: list[int] = field(default_factory=list)
+    group_new_block_ids: list[list[int]] = field(default_factory=list)  # groups 1, 2, ...
 
 
 @dataclass(slots=True)

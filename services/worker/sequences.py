@@ -4,7 +4,7 @@ pass before a step touches that state or the KV cache."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingOptions
@@ -19,10 +19,16 @@ class SequenceState:
     num_computed: int  # tokens whose K/V are in the cache
     block_ids: list[int]  # block table, in sequence order
     sampling: SamplingOptions
+    group_block_ids: list[list[int]] = field(default_factory=list)  # KV cache groups 1, 2, ...
 
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def block_tables(self) -> list[list[int]]:
+        """Its block table in every KV cache group, group 0 first."""
+        return [self.block_ids, *self.group_block_ids]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +37,7 @@ class PlanLimits:
     num_blocks: int
     max_model_len: int
     vocab_size: int
+    windows: tuple[int | None, ...] = (None,)  # per KV cache group: its sliding window or None
 
 
 def validate_plan(plan: StepPlan, held: Mapping[str, SequenceState], limits: PlanLimits) -> None:
@@ -66,30 +73,54 @@ def _check_new(seq: NewSequence, limits: PlanLimits) -> None:
         seq.sampling.validate()
     except InvalidArgument as err:
         raise ValueError(f"{rid!r}: {err.message}") from None
-    _check_extent(rid, seq.num_computed_tokens, seq.num_new_tokens, known, seq.block_ids, limits)
+    _check_group_count(rid, len(seq.group_block_ids), limits)
+    tables = [seq.block_ids, *seq.group_block_ids]
+    _check_extent(rid, seq.num_computed_tokens, seq.num_new_tokens, known, tables, limits)
 
 
 def _check_running(diff: RunningSequence, state: SequenceState, limits: PlanLimits) -> None:
-    blocks = state.block_ids + diff.new_block_ids
+    rid = diff.request_id
     if diff.num_new_tokens < 0:
-        raise ValueError(f"{diff.request_id!r}: negative num_new_tokens {diff.num_new_tokens}")
+        raise ValueError(f"{rid!r}: negative num_new_tokens {diff.num_new_tokens}")
+    _check_group_count(rid, len(diff.group_new_block_ids), limits)
+    appended = [diff.new_block_ids, *diff.group_new_block_ids]
+    tables = [held + new for held, new in zip(state.block_tables, appended, strict=True)]
     known = len(state.token_ids)
-    _check_extent(diff.request_id, state.num_computed, diff.num_new_tokens, known, blocks, limits)
+    _check_extent(rid, state.num_computed, diff.num_new_tokens, known, tables, limits)
+
+
+def _check_group_count(rid: str, num_group_tables: int, limits: PlanLimits) -> None:
+    if num_group_tables != len(limits.windows) - 1:
+        raise ValueError(
+            f"{rid!r}: {num_group_tables} block tables for KV cache groups 1.., "
+            f"expected {len(limits.windows) - 1}"
+        )
 
 
 def _check_extent(
-    rid: str, computed: int, new: int, known: int, blocks: list[int], limits: PlanLimits
+    rid: str, computed: int, new: int, known: int, tables: list[list[int]], limits: PlanLimits
 ) -> None:
-    """The tokens to compute exist, fit the model and are covered by valid blocks."""
+    """The tokens to compute exist, fit the model and are covered by valid blocks in every KV
+    cache group; only a sliding group may have dropped (-1) blocks, and only before the window
+    of the step's first query."""
     end = computed + new
     if end > known:
         raise ValueError(f"{rid!r}: computing up to token {end} but only {known} are known")
     if end > limits.max_model_len:
         raise ValueError(f"{rid!r}: {end} tokens exceed max_model_len {limits.max_model_len}")
-    if len(blocks) * limits.block_size < end:
-        raise ValueError(
-            f"{rid!r}: {len(blocks)} blocks of {limits.block_size} cannot hold {end} tokens"
-        )
-    out_of_range = [b for b in blocks if not 0 <= b < limits.num_blocks]
-    if out_of_range:
-        raise ValueError(f"{rid!r}: block id {out_of_range[0]} not in [0, {limits.num_blocks})")
+    size = limits.block_size
+    for group, (blocks, window) in enumerate(zip(tables, limits.windows, strict=True)):
+        if len(blocks) * size < end:
+            raise ValueError(
+                f"{rid!r}: {len(blocks)} blocks of {size} cannot hold {end} tokens "
+                f"(KV cache group {group})"
+            )
+        first_read = 0 if window is None else max(computed - window + 1, 0) // size
+        for index, block in enumerate(blocks):
+            if block == -1 and index < first_read:
+                continue
+            if not 0 <= block < limits.num_blocks:
+                raise ValueError(
+                    f"{rid!r}: block id {block} not in [0, {limits.num_blocks}) "
+                    f"(KV cache group {group}, block {index})"
+                )

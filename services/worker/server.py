@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -36,6 +36,7 @@ class Runner(Protocol):
     device: str
     dtype: str
     kernels: str
+    kv_cache_groups: Sequence  # kv_cache.KVCacheGroup; empty = one group of every layer
 
     def execute(self, plan: StepPlan) -> list[Sampled]: ...
 
@@ -51,15 +52,32 @@ def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
                 num_new_tokens=s.num_new_tokens,
                 block_ids=list(s.block_ids),
                 sampling=SamplingOptions.from_proto(s.sampling),
+                group_block_ids=[list(t.block_ids) for t in s.group_block_tables],
             )
             for s in msg.new_sequences
         ],
         running=[
-            RunningSequence(s.request_id, s.num_new_tokens, list(s.new_block_ids))
+            RunningSequence(
+                s.request_id,
+                s.num_new_tokens,
+                list(s.new_block_ids),
+                [list(t.block_ids) for t in s.group_new_block_ids],
+            )
             for s in msg.running
         ],
         finished_ids=list(msg.finished_ids),
     )
+
+
+def _groups_to_proto(runner: Runner) -> list[worker_pb2.KVCacheGroup]:
+    """A runner with one KV cache group (every layer, no window) reports none: the default."""
+    groups = runner.kv_cache_groups
+    if len(groups) == 1 and groups[0].window is None:
+        return []
+    return [
+        worker_pb2.KVCacheGroup(num_layers=len(g.layers), sliding_window=g.window or 0)
+        for g in groups
+    ]
 
 
 def sampled_to_proto(sampled: Sampled) -> worker_pb2.SampledToken:
@@ -133,6 +151,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             kernels=r.kernels,
             model_fingerprint=r.fingerprint,
             model_path=self._model_path,
+            kv_cache_groups=_groups_to_proto(r),
         )
 
     async def Execute(

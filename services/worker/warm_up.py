@@ -3,6 +3,7 @@ working one (kernels compile, memory is touched, a bad device shows up here)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from services.worker.plan import NewSequence, StepPlan
@@ -16,13 +17,15 @@ class _Executes(Protocol):
     vocab_size: int
     max_model_len: int
 
+    kv_cache_groups: Sequence  # empty: one group of every layer
+
     def execute(self, plan: StepPlan) -> list: ...
 
 
 def warm_up(runner: _Executes) -> None:
-    """Prefills a few tokens into block 0 and samples one, then finishes the sequence. Runs
-    before any scheduler step (same model thread), so block 0 holds nothing yet; the
-    scheduler overwrites it like any free block. Raises what the step raises."""
+    """Prefills a few tokens into block 0 (of every KV cache group) and samples one, then
+    finishes the sequence. Runs before any scheduler step (same model thread), so block 0 holds
+    nothing yet; the scheduler overwrites it like any free block. Raises what the step raises."""
     num_tokens = min(_MAX_TOKENS, runner.block_size, runner.max_model_len)
     tokens = [i % runner.vocab_size for i in range(1, num_tokens + 1)]
     runner.execute(
@@ -35,6 +38,7 @@ def warm_up(runner: _Executes) -> None:
                     num_computed_tokens=0,
                     num_new_tokens=num_tokens,
                     block_ids=[0],
+                    group_block_ids=[[0] for _ in runner.kv_cache_groups[1:]],
                 )
             ]
         )

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from layerserve.common.v1 import common_pb2 as layerserve_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!layerserve/worker/v1/worker.proto\x12\x14layerserve.worker.v1\x1a!layerserve/common/v1/common.proto\"\x11\n\x0f\x44\x65scribeRequest\"\xe4\x01\n\nWorkerInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\x05\x12\x12\n\nnum_blocks\x18\x03 \x01(\x05\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x15\n\reos_token_ids\x18\x06 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x19\n\x11model_fingerprint\x18\t \x01(\t\x12\x12\n\nmodel_path\x18\n \x01(\t\x12\x0f\n\x07kernels\x18\x0b \x01(\t\"\x82\x02\n\x0bNewSequence\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\x05\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\x05\x12\x16\n\x0enum_new_tokens\x18\x05 \x01(\x05\x12\x11\n\tblock_ids\x18\x06 \x03(\x05\x12\x36\n\x08sampling\x18\x07 \x01(\x0b\x32$.layerserve.common.v1.SamplingParams\x12\x31\n\x05trace\x18\x08 \x01(\x0b\x32\".layerserve.common.v1.TraceContext\"\x87\x01\n\x0fRunningSequence\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0enum_new_tokens\x18\x02 \x01(\x05\x12\x15\n\rnew_block_ids\x18\x03 \x03(\x05\x12\x31\n\x05trace\x18\x04 \x01(\x0b\x32\".layerserve.common.v1.TraceContext\"\xd9\x01\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x38\n\rnew_sequences\x18\x02 \x03(\x0b\x32!.layerserve.worker.v1.NewSequence\x12\x36\n\x07running\x18\x03 \x03(\x0b\x32%.layerserve.worker.v1.RunningSequence\x12\x14\n\x0c\x66inished_ids\x18\x04 \x03(\t\x12\x31\n\x05trace\x18\x05 \x01(\x0b\x32\".layerserve.common.v1.TraceContext\"i\n\x0cSampledToken\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\x12\x33\n\x07logprob\x18\x03 \x01(\x0b\x32\".layerserve.common.v1.TokenLogprob\"\x93\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x33\n\x07sampled\x18\x02 \x03(\x0b\x32\".layerserve.worker.v1.SampledToken\x12\x12\n\nforward_ns\x18\x03 \x01(\x03\x12+\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x1c.layerserve.common.v1.Status2\xb1\x01\n\x06Worker\x12S\n\x08\x44\x65scribe\x12%.layerserve.worker.v1.DescribeRequest\x1a .layerserve.worker.v1.WorkerInfo\x12R\n\x07\x45xecute\x12!.layerserve.worker.v1.StepRequest\x1a .layerserve.worker.v1.StepResult(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!layerserve/worker/v1/worker.proto\x12\x14layerserve.worker.v1\x1a!layerserve/common/v1/common.proto\"\x11\n\x0f\x44\x65scribeRequest\"\xa1\x02\n\nWorkerInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nblock_size\x18\x02 \x01(\x05\x12\x12\n\nnum_blocks\x18\x03 \x01(\x05\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x15\n\reos_token_ids\x18\x06 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x19\n\x11model_fingerprint\x18\t \x01(\t\x12\x12\n\nmodel_path\x18\n \x01(\t\x12\x0f\n\x07kernels\x18\x0b \x01(\t\x12;\n\x0fkv_cache_groups\x18\x0c \x03(\x0b\x32\".layerserve.worker.v1.KVCacheGroup\":\n\x0cKVCacheGroup\x12\x12\n\nnum_layers\x18\x01 \x01(\x05\x12\x16\n\x0esliding_window\x18\x02 \x01(\x05\"\x1f\n\nBlockTable\x12\x11\n\tblock_ids\x18\x01 \x03(\x05\"\xc0\x02\n\x0bNewSequence\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\x05\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\x05\x12\x16\n\x0enum_new_tokens\x18\x05 \x01(\x05\x12\x11\n\tblock_ids\x18\x06 \x03(\x05\x12\x36\n\x08sampling\x18\x07 \x01(\x0b\x32$.layerserve.common.v1.SamplingParams\x12\x31\n\x05trace\x18\x08 \x01(\x0b\x32\".layerserve.common.v1.TraceContext\x12<\n\x12group_block_tables\x18\t \x03(\x0b\x32 .layerserve.worker.v1.BlockTable\"\xc6\x01\n\x0fRunningSequence\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0enum_new_tokens\x18\x02 \x01(\x05\x12\x15\n\rnew_block_ids\x18\x03 \x03(\x05\x12\x31\n\x05trace\x18\x04 \x01(\x0b\x32\".layerserve.common.v1.TraceContext\x12=\n\x13group_new_block_ids\x18\x05 \x03(\x0b\x32 .layerserve.worker.v1.BlockTable\"\xd9\x01\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x38\n\rnew_sequences\x18\x02 \x03(\x0b\x32!.layerserve.worker.v1.NewSequence\x12\x36\n\x07running\x18\x03 \x03(\x0b\x32%.layerserve.worker.v1.RunningSequence\x12\x14\n\x0c\x66inished_ids\x18\x04 \x03(\t\x12\x31\n\x05trace\x18\x05 \x01(\x0b\x32\".layerserve.common.v1.TraceContext\"i\n\x0cSampledToken\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\x12\x33\n\x07logprob\x18\x03 \x01(\x0b\x32\".layerserve.common.v1.TokenLogprob\"\x93\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x33\n\x07sampled\x18\x02 \x03(\x0b\x32\".layerserve.worker.v1.SampledToken\x12\x12\n\nforward_ns\x18\x03 \x01(\x03\x12+\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x1c.layerserve.common.v1.Status2\xb1\x01\n\x06Worker\x12S\n\x08\x44\x65scribe\x12%.layerserve.worker.v1.DescribeRequest\x1a .layerserve.worker.v1.WorkerInfo\x12R\n\x07\x45xecute\x12!.layerserve.worker.v1.StepRequest\x1a .layerserve.worker.v1.StepResult(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,17 +35,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEREQUEST']._serialized_start=94
   _globals['_DESCRIBEREQUEST']._serialized_end=111
   _globals['_WORKERINFO']._serialized_start=114
-  _globals['_WORKERINFO']._serialized_end=342
-  _globals['_NEWSEQUENCE']._serialized_start=345
-  _globals['_NEWSEQUENCE']._serialized_end=603
-  _globals['_RUNNINGSEQUENCE']._serialized_start=606
-  _globals['_RUNNINGSEQUENCE']._serialized_end=741
-  _globals['_STEPREQUEST']._serialized_start=744
-  _globals['_STEPREQUEST']._serialized_end=961
-  _globals['_SAMPLEDTOKEN']._serialized_start=963
-  _globals['_SAMPLEDTOKEN']._serialized_end=1068
-  _globals['_STEPRESULT']._serialized_start=1071
-  _globals['_STEPRESULT']._serialized_end=1218
-  _globals['_WORKER']._serialized_start=1221
-  _globals['_WORKER']._serialized_end=1398
+  _globals['_WORKERINFO']._serialized_end=403
+  _globals['_KVCACHEGROUP']._serialized_start=405
+  _globals['_KVCACHEGROUP']._serialized_end=463
+  _globals['_BLOCKTABLE']._serialized_start=465
+  _globals['_BLOCKTABLE']._serialized_end=496
+  _globals['_NEWSEQUENCE']._serialized_start=499
+  _globals['_NEWSEQUENCE']._serialized_end=819
+  _globals['_RUNNINGSEQUENCE']._serialized_start=822
+  _globals['_RUNNINGSEQUENCE']._serialized_end=1020
+  _globals['_STEPREQUEST']._serialized_start=1023
+  _globals['_STEPREQUEST']._serialized_end=1240
+  _globals['_SAMPLEDTOKEN']._serialized_start=1242
+  _globals['_SAMPLEDTOKEN']._serialized_end=1347
+  _globals['_STEPRESULT']._serialized_start=1350
+  _globals['_STEPRESULT']._serialized_end=1497
+  _globals['_WORKER']._serialized_start=1500
+  _globals['_WORKER']._serialized_end=1677
 # @@protoc_insertion_point(module_scope)

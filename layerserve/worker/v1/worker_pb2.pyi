@@ -12,7 +12,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "block_size", "num_blocks", "max_model_len", "vocab_size", "eos_token_ids", "device", "dtype", "model_fingerprint", "model_path", "kernels")
+    __slots__ = ("model", "block_size", "num_blocks", "max_model_len", "vocab_size", "eos_token_ids", "device", "dtype", "model_fingerprint", "model_path", "kernels", "kv_cache_groups")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class WorkerInfo(_message.Message):
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_GROUPS_FIELD_NUMBER: _ClassVar[int]
     model: str
     block_size: int
     num_blocks: int
@@ -35,10 +36,25 @@ class WorkerInfo(_message.Message):
     model_fingerprint: str
     model_path: str
     kernels: str
-    def __init__(self, model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_path: _Optional[str] = ..., kernels: _Optional[str] = ...) -> None: ...
+    kv_cache_groups: _containers.RepeatedCompositeFieldContainer[KVCacheGroup]
+    def __init__(self, model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., model_path: _Optional[str] = ..., kernels: _Optional[str] = ..., kv_cache_groups: _Optional[_Iterable[_Union[KVCacheGroup, _Mapping]]] = ...) -> None: ...
+
+class KVCacheGroup(_message.Message):
+    __slots__ = ("num_layers", "sliding_window")
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    num_layers: int
+    sliding_window: int
+    def __init__(self, num_layers: _Optional[int] = ..., sliding_window: _Optional[int] = ...) -> None: ...
+
+class BlockTable(_message.Message):
+    __slots__ = ("block_ids",)
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NewSequence(_message.Message):
-    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_new_tokens", "block_ids", "sampling", "trace")
+    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_new_tokens", "block_ids", "sampling", "trace", "group_block_tables")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +63,7 @@ class NewSequence(_message.Message):
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BLOCK_TABLES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_prompt_tokens: int
@@ -55,19 +72,22 @@ class NewSequence(_message.Message):
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     trace: _common_pb2.TraceContext
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
+    group_block_tables: _containers.RepeatedCompositeFieldContainer[BlockTable]
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., group_block_tables: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ...) -> None: ...
 
 class RunningSequence(_message.Message):
-    __slots__ = ("request_id", "num_new_tokens", "new_block_ids", "trace")
+    __slots__ = ("request_id", "num_new_tokens", "new_block_ids", "trace", "group_new_block_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_new_tokens: int
     new_block_ids: _containers.RepeatedScalarFieldContainer[int]
     trace: _common_pb2.TraceContext
-    def __init__(self, request_id: _Optional[str] = ..., num_new_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
+    group_new_block_ids: _containers.RepeatedCompositeFieldContainer[BlockTable]
+    def __init__(self, request_id: _Optional[str] = ..., num_new_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., group_new_block_ids: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("step_id", "new_sequences", "running", "finished_ids", "trace")

@@ -43,6 +43,10 @@ class LlamaConfig:
         if self.head_dim % 2 != 0:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
 
+    def window(self, layer: int) -> int | None:
+        """The attention window of one layer; None: it sees every earlier key (all of Llama's)."""
+        return None
+
     @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim

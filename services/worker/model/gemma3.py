@@ -95,6 +95,7 @@ class Gemma3Attention(nn.Module):
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         if self.q_scale != 1.0:
             q = q * self.q_scale
+        attn = attn.for_group(kv_cache.group_of(self.layer))
         write_kv(kv_cache, self.layer, k, v, attn)
         out = paged_attention(q, kv_cache.layer(self.layer), attn, window=self.window)
         return F.linear(out.reshape(tokens, self.q_size), self.o_proj)

@@ -105,6 +105,7 @@ class LlamaAttention(nn.Module):
         else:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         # New K/V go into the cache first, so every query attends only through the cache.
+        attn = attn.for_group(kv_cache.group_of(self.layer))
         write_kv(kv_cache, self.layer, k, v, attn)
         out = paged_attention(q, kv_cache.layer(self.layer), attn)  # [T, H, D]
         return F.linear(out.reshape(tokens, self.q_size), self.o_proj)

@@ -1,4 +1,8 @@
-"""A tiny scheduler stand-in for tests: block allocation from a free list and StepPlans."""
+"""A tiny scheduler stand-in for tests: block allocation from a free list and StepPlans.
+
+With several KV cache groups (the runner's kv_cache_groups), each sequence gets a table per
+group; a sliding-window group's blocks wholly before the window of a step's first query are
+dropped (-1) and returned to the free list, as the real scheduler does."""
 
 from __future__ import annotations
 
@@ -17,11 +21,16 @@ class Tracked:
     sampling: SamplingOptions
     num_computed: int = 0
     block_ids: list[int] = field(default_factory=list)
+    group_block_ids: list[list[int]] = field(default_factory=list)  # KV cache groups 1, 2, ...
     sent: bool = False  # the worker holds it
 
     @property
     def output(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def tables(self) -> list[list[int]]:
+        return [self.block_ids, *self.group_block_ids]
 
 
 class Driver:
@@ -31,8 +40,10 @@ class Driver:
         self.runner = runner
         self.chunk = chunk
         self.free = list(range(runner.num_blocks))
+        self.windows = [g.window for g in runner.kv_cache_groups] or [None]
         self.seqs: dict[str, Tracked] = {}
         self.to_forget: list[str] = []
+        self.peak_held = 0  # most blocks held at once, all groups together
 
     def add(
         self,
@@ -42,25 +53,50 @@ class Driver:
         *,
         cached_blocks: list[int] | None = None,
         num_cached: int = 0,
+        cached_group_blocks: list[list[int]] | None = None,
     ) -> None:
-        """Queues a prompt; cached_blocks already hold the K/V of its first num_cached tokens."""
+        """Queues a prompt; cached_blocks (and cached_group_blocks, for groups 1, 2, ...)
+        already hold the K/V of its first num_cached tokens."""
         seq = Tracked(request_id, list(prompt), len(prompt), sampling or SamplingOptions())
         seq.block_ids = list(cached_blocks or [])
+        seq.group_block_ids = [list(t) for t in cached_group_blocks or []] or [
+            [] for _ in self.windows[1:]
+        ]
         seq.num_computed = num_cached
         self.seqs[request_id] = seq
+
+    @property
+    def num_held(self) -> int:
+        return self.runner.num_blocks - len(self.free)
 
     def preempt(self, request_id: str) -> None:
         """Frees the request's blocks; it is re-sent in full (prompt + output) later."""
         seq = self.seqs[request_id]
-        self.free.extend(seq.block_ids)
+        self.free.extend(b for table in seq.tables for b in table if b != -1)
         seq.block_ids, seq.num_computed, seq.sent = [], 0, False
+        seq.group_block_ids = [[] for _ in self.windows[1:]]
         self.to_forget.append(request_id)
 
-    def _grow(self, seq: Tracked, upto: int) -> list[int]:
-        need = -(-upto // self.runner.block_size) - len(seq.block_ids)
-        new = [self.free.pop(0) for _ in range(max(need, 0))]
-        seq.block_ids.extend(new)
-        return new
+    def _drop_outside_windows(self, seq: Tracked) -> None:
+        size = self.runner.block_size
+        for table, window in zip(seq.tables, self.windows, strict=True):
+            if window is None:
+                continue
+            for index in range(max(seq.num_computed - window + 1, 0) // size):
+                if table[index] != -1:
+                    self.free.append(table[index])
+                    table[index] = -1
+
+    def _grow(self, seq: Tracked, upto: int) -> list[list[int]]:
+        """Appends blocks to every group's table; returns them per group."""
+        added = []
+        for table in seq.tables:
+            need = -(-upto // self.runner.block_size) - len(table)
+            new = [self.free.pop(0) for _ in range(max(need, 0))]
+            table.extend(new)
+            added.append(new)
+        self.peak_held = max(self.peak_held, self.num_held)
+        return added
 
     def plan(self, max_new_tokens: int) -> StepPlan:
         plan = StepPlan(finished_ids=self.to_forget)
@@ -69,15 +105,19 @@ class Driver:
             if len(seq.output) >= max_new_tokens:
                 continue
             num_new = min(self.chunk, len(seq.token_ids) - seq.num_computed)
+            self._drop_outside_windows(seq)
             new_blocks = self._grow(seq, seq.num_computed + num_new)
             if not seq.sent:
                 plan.new.append(
                     NewSequence(seq.request_id, list(seq.token_ids), seq.num_prompt_tokens,
-                                seq.num_computed, num_new, list(seq.block_ids), seq.sampling)
+                                seq.num_computed, num_new, list(seq.block_ids), seq.sampling,
+                                [list(t) for t in seq.group_block_ids])
                 )  # fmt: skip
                 seq.sent = True
             else:
-                plan.running.append(RunningSequence(seq.request_id, num_new, new_blocks))
+                plan.running.append(
+                    RunningSequence(seq.request_id, num_new, new_blocks[0], new_blocks[1:])
+                )
             seq.num_computed += num_new
         return plan
 

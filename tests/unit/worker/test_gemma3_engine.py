@@ -15,7 +15,7 @@ import torch
 from services.tokenizer.gguf_tokenizer import load_gguf_tokenizer
 from services.tokenizer.text_model import TextModel
 from services.worker.gemma3_reference import dense_hidden, dense_logits
-from services.worker.kv_cache import PagedKVCache
+from services.worker.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.model.gemma3 import Gemma3Model
 from services.worker.model.gemma3_config import FULL, SLIDING, Gemma3Config
 from services.worker.model.loader import LoadedModel, load_model
@@ -73,9 +73,11 @@ def test_registry_chose_gemma3_from_the_metadata(gemma: LoadedModel) -> None:
 
 def test_engine_equals_dense_reference(gemma: LoadedModel, prompts: list[list[int]]) -> None:
     """All eight at once in 128-token prefill chunks, so the long prompt's chunks cross the
-    window edge while the short ones decode beside them."""
+    window edge while the short ones decode beside them. As served: global and sliding layers
+    in their own KV cache groups, the long prompt's blocks behind the window handed back."""
     expected = [greedy_generate(gemma, prompt, NEW_TOKENS) for prompt in prompts]
-    cache = PagedKVCache(gemma.config, 96, 16, torch.float32, torch.device("cpu"))
+    groups = kv_cache_groups(gemma.config)
+    cache = PagedKVCache(gemma.config, 400, 16, torch.float32, torch.device("cpu"), groups)
     runner = ModelRunner(gemma, cache, max_model_len=2048, model_name="gemma3-test")
     assert runner.kernels == "torch"
     driver = Driver(runner, chunk=128)
@@ -84,6 +86,8 @@ def test_engine_equals_dense_reference(gemma: LoadedModel, prompts: list[list[in
     outputs = driver.run(NEW_TOKENS)
     for i in range(len(prompts)):
         assert outputs[f"r{i}"] == expected[i], f"prompt {i}"
+    long_tables = driver.seqs[f"r{len(prompts) - 1}"].group_block_ids
+    assert all(table[:8] == [-1] * 8 for table in long_tables), "blocks behind the window"
     runner.execute(StepPlan(finished_ids=list(outputs)))
     assert len({tuple(e) for e in expected}) > 4, "the prompts should lead to different text"
 

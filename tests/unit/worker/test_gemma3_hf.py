@@ -13,11 +13,13 @@ import torch
 
 from services.worker.attention import AttentionMetadata
 from services.worker.gemma3_reference import dense_hidden, dense_logits
-from services.worker.kv_cache import PagedKVCache
+from services.worker.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.model.gemma3 import Gemma3Model
 from services.worker.model.gemma3_config import Gemma3Config
 from services.worker.model.loader import LoadedModel, load_model
-from services.worker.reference import DenseKV
+from services.worker.model_runner import ModelRunner
+from services.worker.reference import DenseKV, greedy_generate
+from tests.unit.worker.plan_driver import Driver
 
 transformers = pytest.importorskip("transformers")
 TOKENS = [2, 17, 33, 5, 60, 41, 8, 12, 29, 50, 3, 44, 9]
@@ -90,3 +92,32 @@ def test_dense_reference_matches_transformers(tiny: tuple[Any, LoadedModel]) -> 
 def test_float16_is_refused_with_a_clear_error(tiny: tuple[Any, LoadedModel]) -> None:
     with pytest.raises(ValueError, match="overflows float16; use --dtype bfloat16"):
         Gemma3Model(tiny[1].config, dtype=torch.float16)  # type: ignore[arg-type]
+
+
+def test_grouped_cache_frees_sliding_blocks_and_generates_the_same_tokens(
+    tiny: tuple[Any, LoadedModel],
+) -> None:
+    """As served: the global and sliding layers in their own KV cache groups, blocks behind
+    the window of 4 handed back while two sequences prefill in chunks of 3 and decode."""
+    _, loaded = tiny
+    prompts = [TOKENS, TOKENS[5:] + [7, 7, 1]]
+    expected = [greedy_generate(loaded, prompt, 10) for prompt in prompts]
+    groups = kv_cache_groups(loaded.config)
+    assert [g.window for g in groups] == [None, 4]
+    cache = PagedKVCache(loaded.config, 32, BLOCK, torch.float32, torch.device("cpu"), groups)
+    runner = ModelRunner(loaded, cache, max_model_len=64, model_name="tiny-gemma3")
+    driver = Driver(runner, chunk=3)
+    for i, prompt in enumerate(prompts):
+        driver.add(f"r{i}", prompt)
+    outputs = driver.run(10)
+    assert [outputs["r0"], outputs["r1"]] == expected
+    for seq in driver.seqs.values():
+        full, sliding = seq.tables
+        assert -1 not in full and len(full) == -(-seq.num_computed // BLOCK)
+        kept = [b for b in sliding if b != -1]
+        assert len(sliding) == len(full) and sliding[: len(sliding) - len(kept)] == [-1] * (
+            len(sliding) - len(kept)
+        )
+        assert len(kept) <= 2, "a window of 4 tokens spans at most 2 blocks of 4"
+    full_blocks = sum(len(s.block_ids) for s in driver.seqs.values())  # 11
+    assert driver.num_held <= full_blocks + 2 * len(prompts) < 2 * full_blocks
