@@ -8,7 +8,7 @@ from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
-from services.worker.kv_cache import PagedKVCache
+from services.worker.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.model.loader import LoadedModel
 from services.worker.model_runner import ModelRunner
 from services.worker.plan import NewSequence, RunningSequence, StepPlan
@@ -19,9 +19,10 @@ BLOCK_SIZE = 16  # the worker's default
 
 def make_runner(loaded: LoadedModel, num_blocks: int) -> ModelRunner:
     """The worker's ModelRunner over `loaded` with a paged KV cache of `num_blocks` blocks, on
-    the model's device and dtype."""
+    the model's device and dtype, its layers in KV cache groups as the worker's are."""
     weight = loaded.model.embed_tokens
-    cache = PagedKVCache(loaded.config, num_blocks, BLOCK_SIZE, weight.dtype, weight.device)
+    groups = kv_cache_groups(loaded.config)
+    cache = PagedKVCache(loaded.config, num_blocks, BLOCK_SIZE, weight.dtype, weight.device, groups)
     return ModelRunner(
         loaded, cache, max_model_len=loaded.config.max_position_embeddings, model_name=MODEL
     )
@@ -42,10 +43,13 @@ def to_plan(step: ScheduledStep) -> StepPlan:
                 n,
                 list(r.block_ids),
                 r.sampling,
+                [list(table) for table in r.block_tables[1:]],
             )
             for r, n in step.new
         ],
-        running=[RunningSequence(r.request_id, n, blocks) for r, n, blocks in step.running],
+        running=[
+            RunningSequence(r.request_id, n, blocks[0], blocks[1:]) for r, n, blocks in step.running
+        ],
         finished_ids=step.finished_ids,
     )
 
@@ -54,7 +58,9 @@ class OfflineEngine:
     def __init__(self, runner: ModelRunner, limits: SchedulerLimits) -> None:
         """Prefix caching is on or off as limits.enable_prefix_caching says."""
         self.runner = runner
-        kv = KVCacheManager(BlockPool(runner.num_blocks), runner.block_size, runner.fingerprint)
+        windows = tuple(group.window for group in runner.kv_cache_groups)
+        pool = BlockPool(runner.num_blocks)
+        kv = KVCacheManager(pool, runner.block_size, runner.fingerprint, windows)
         self.scheduler = Scheduler(
             limits, kv, runner.max_model_len, frozenset(runner.eos_token_ids)
         )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingOptions
+from services.scheduler.kv_cache_manager import Windows, token_capacity
 from services.scheduler.request import Request
 
 
@@ -17,6 +18,13 @@ class ModelLimits:
     block_size: int
     num_blocks: int
     eos_token_ids: frozenset[int]
+    windows: Windows = (None,)  # the worker's KV cache groups (kv_cache_manager.group_windows)
+    max_chunk: int = 0  # tokens one step computes for one request (max_num_batched_tokens)
+
+    @property
+    def kv_capacity(self) -> int:
+        """The longest sequence one request can hold in the worker's KV cache."""
+        return token_capacity(self.num_blocks, self.block_size, self.windows, self.max_chunk)
 
 
 def admit(
@@ -51,7 +59,7 @@ def admit(
             f"your prompt has {num_prompt} tokens. Shorten the prompt.",
             param="prompt",
         )
-    kv_capacity = limits.num_blocks * limits.block_size
+    kv_capacity = limits.kv_capacity
     if num_prompt >= kv_capacity:
         # Checked apart: with max_tokens unset, "what fits" below would be negative, and a
         # request that can never get its blocks would wait in the queue forever.
@@ -72,7 +80,7 @@ def admit(
     if num_prompt + resolved > kv_capacity:
         raise InvalidArgument(
             f"{num_prompt + resolved} tokens exceed this worker's KV cache "
-            f"({limits.num_blocks * limits.block_size} tokens). Reduce the prompt or max_tokens.",
+            f"({kv_capacity} tokens). Reduce the prompt or max_tokens.",
             param="max_tokens",
         )
     sampling.validate()

@@ -9,6 +9,11 @@ A block is in one of three places:
 
 Allocation takes plain free blocks first and evicts cached ones, oldest first, only when no
 plain block is left, so the cache keeps everything it can until memory is actually needed.
+
+A worker with several KV cache groups (kv_cache_manager.py) draws every group's blocks from this
+one pool. The same tokens have a different block in each group, so the cache is keyed by
+(group, hash). Only group 0's blocks are reported to the listener: the cluster's prefix index
+needs one entry per prefix, not one per group.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from collections.abc import Iterable
 from services.scheduler.block_hash import BlockHash
 from services.scheduler.cache_events import CacheEventListener
 
+CacheKey = tuple[int, BlockHash]  # (KV cache group, block hash)
+
 
 class BlockPool:
     def __init__(self, num_blocks: int, listener: CacheEventListener | None = None) -> None:
@@ -28,8 +35,8 @@ class BlockPool:
         self.listener = listener
         self._free: deque[int] = deque(range(num_blocks))
         self._refs = [0] * num_blocks
-        self._block_of: dict[BlockHash, int] = {}
-        self._hash_of: dict[int, BlockHash] = {}
+        self._block_of: dict[CacheKey, int] = {}
+        self._key_of: dict[int, CacheKey] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()  # least recently freed first
 
     @property
@@ -60,8 +67,7 @@ class BlockPool:
                 evicted.append(self._uncache(block))
             self._refs[block] = 1
             blocks.append(block)
-        if evicted and self.listener is not None:
-            self.listener.blocks_removed(evicted)
+        self._report_removed(evicted)
         return blocks
 
     def free(self, block_ids: Iterable[int]) -> None:
@@ -72,15 +78,15 @@ class BlockPool:
             assert self._refs[block] >= 0, f"block {block} was freed twice"
             if self._refs[block] > 0:
                 continue
-            if block in self._hash_of:
+            if block in self._key_of:
                 self._evictable[block] = None
             else:
                 self._free.append(block)
 
     # -- the cache -------------------------------------------------------------------------
 
-    def cached_block(self, block_hash: BlockHash) -> int | None:
-        return self._block_of.get(block_hash)
+    def cached_block(self, block_hash: BlockHash, group: int = 0) -> int | None:
+        return self._block_of.get((group, block_hash))
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Takes a reference on cached blocks a request reuses; they can no longer be evicted."""
@@ -89,37 +95,43 @@ class BlockPool:
                 del self._evictable[block]
             self._refs[block] += 1
 
-    def cache(self, block_ids: list[int], hashes: list[BlockHash]) -> None:
-        """Makes held, fully computed blocks reusable under their hashes. A hash already cached
-        in another block (two requests computed the same prefix at once) keeps that block;
-        this one stays private and returns to the free list when released."""
+    def cache(self, block_ids: list[int], hashes: list[BlockHash], group: int = 0) -> None:
+        """Makes held, fully computed blocks of a KV cache group reusable under their hashes.
+        A hash already cached in another block (two requests computed the same prefix at once)
+        keeps that block; this one stays private and returns to the free list when released."""
         stored = []
         for block, block_hash in zip(block_ids, hashes, strict=True):
             assert self._refs[block] > 0, f"caching block {block} that nobody holds"
-            if block_hash in self._block_of or block in self._hash_of:
+            key = (group, block_hash)
+            if key in self._block_of or block in self._key_of:
                 continue
-            self._block_of[block_hash] = block
-            self._hash_of[block] = block_hash
+            self._block_of[key] = block
+            self._key_of[block] = key
             stored.append(block_hash)
-        if stored and self.listener is not None:
+        if stored and group == 0 and self.listener is not None:
             self.listener.blocks_stored(stored)
 
     def cached_hashes(self) -> list[BlockHash]:
-        """Every hash the pool can serve now (for a listener that lost track and resyncs)."""
-        return list(self._block_of)
+        """Every group-0 hash the pool can serve now (for a listener that lost track and
+        resyncs)."""
+        return [block_hash for group, block_hash in self._block_of if group == 0]
 
     def drop_cache(self) -> None:
         """Forgets every cached block (the worker's KV cache is gone): evictable blocks become
         plain free blocks, held ones will be when released."""
         dropped = list(self._block_of)
         self._block_of.clear()
-        self._hash_of.clear()
+        self._key_of.clear()
         self._free.extend(self._evictable)
         self._evictable.clear()
-        if dropped and self.listener is not None:
-            self.listener.blocks_removed(dropped)
+        self._report_removed(dropped)
 
-    def _uncache(self, block: int) -> BlockHash:
-        block_hash = self._hash_of.pop(block)
-        del self._block_of[block_hash]
-        return block_hash
+    def _uncache(self, block: int) -> CacheKey:
+        key = self._key_of.pop(block)
+        del self._block_of[key]
+        return key
+
+    def _report_removed(self, keys: list[CacheKey]) -> None:
+        hashes = [block_hash for group, block_hash in keys if group == 0]
+        if hashes and self.listener is not None:
+            self.listener.blocks_removed(hashes)

@@ -45,7 +45,9 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list = field(default_factory=list)
     num_computed_tokens: int = 0
-    block_ids: list[int] = field(default_factory=list)
+    # One block table per KV cache group, group 0 first (kv_cache_manager.py); empty while the
+    # request holds no blocks. A sliding-window group's table has -1 for blocks it dropped.
+    block_tables: list[list[int]] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None
     on_worker: bool = False  # the worker holds its state (it was sent in full)
@@ -53,11 +55,17 @@ class Request:
     started: bool = False  # admitted to run at least once (a preempted request has)
     # Prefix caching: the chained hashes of the full blocks of the known tokens (a router may
     # precompute them; the KVCacheManager extends them as blocks fill), how many leading
-    # blocks of block_ids are in the cache, and the prompt tokens served from the cache at
-    # first admission (reported to the client as cached_tokens).
+    # entries of every block table were offered to the cache (the tables grow in lockstep, so
+    # one count serves all groups), and the prompt tokens served from the cache at first
+    # admission (reported to the client as cached_tokens).
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_cached_blocks: int = 0
     num_cached_tokens: int = 0
+
+    @property
+    def block_ids(self) -> list[int]:
+        """Group 0's block table (the only one for a worker with one group). Read-only."""
+        return self.block_tables[0] if self.block_tables else []
 
     @property
     def num_prompt_tokens(self) -> int:

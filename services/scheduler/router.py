@@ -13,6 +13,7 @@ from services.common.errors import InvalidArgument, NotFound, Unavailable
 from services.common.sampling import SamplingOptions
 from services.scheduler.admission import ModelLimits, admit
 from services.scheduler.block_hash import BlockHash, block_hashes
+from services.scheduler.kv_cache_manager import group_windows
 from services.scheduler.prefix_index import worker_key
 from services.scheduler.request_trace import RequestTrace
 from services.scheduler.routing import Replica, ReplicaPicker
@@ -122,6 +123,8 @@ class Router:
             block_size=info.block_size,
             num_blocks=info.num_blocks,
             eos_token_ids=frozenset(info.eos_token_ids),
+            windows=group_windows(g.sliding_window for g in info.kv_cache_groups),
+            max_chunk=link.limits.max_num_batched_tokens,
         )
         request = admit(
             request_id=msg.request_id,

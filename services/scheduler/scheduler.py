@@ -11,6 +11,9 @@ cached prefix (blocks computed by earlier requests, or by itself before a preemp
 join the cache only once the step that computed them has returned (update()), so no request
 ever reads a block whose KV is still being written.
 
+On a worker with sliding-window layers, a request's blocks that fall wholly out of the window
+go back to the pool as it advances (kv_cache_manager.py), so long sequences hold fewer blocks.
+
 Waiting requests start in WaitingQueue order (priority, then fairness across tenants). The
 queue is bounded (add() raises ResourceExhausted beyond max_waiting) and so is the wait of a
 request that never started (expire() ends it after max_queue_wait_s).
@@ -44,7 +47,9 @@ class SchedulerLimits:
 @dataclass(slots=True)
 class ScheduledStep:
     new: list[tuple[Request, int]] = field(default_factory=list)  # sent in full
-    running: list[tuple[Request, int, list[int]]] = field(default_factory=list)  # as diffs
+    # As diffs: the request, its tokens to compute, and the blocks appended to each of its
+    # block tables (one list per KV cache group, group 0 first).
+    running: list[tuple[Request, int, list[list[int]]]] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)
 
     @property
@@ -179,7 +184,7 @@ class Scheduler:
 
     def _allocate_or_preempt(
         self, request: Request, num_new: int, scheduled: set[str]
-    ) -> list[int] | None:
+    ) -> list[list[int]] | None:
         """Victims are running requests not yet given tokens in this step (the request itself
         included): the lowest priority, then the most recent (ties: the last started)."""
         while (new_blocks := self.kv.allocate_slots(request, num_new)) is None:
@@ -198,7 +203,7 @@ class Scheduler:
             request = self.waiting.peek(running_per_tenant)
             assert request is not None
             cached = self._cached_prefix(request)
-            num_cached = len(cached) * self.kv.block_size
+            num_cached = len(cached[0]) * self.kv.block_size
             num_new = min(request.num_tokens - num_cached, budget)
             if self.kv.allocate_slots(request, num_new, cached) is None:
                 break  # the next request waits for blocks, keeping the queue order fair
@@ -206,15 +211,16 @@ class Scheduler:
             self._start(request, num_cached)
             running_per_tenant[request.tenant] += 1
             if request.on_worker:  # cannot happen for waiting requests; kept explicit
-                step.running.append((request, num_new, list(request.block_ids)))
+                step.running.append((request, num_new, [list(t) for t in request.block_tables]))
             else:
                 request.on_worker = True
                 step.new.append((request, num_new))
             budget -= num_new
 
-    def _cached_prefix(self, request: Request) -> list[int]:
+    def _cached_prefix(self, request: Request) -> list[list[int]]:
+        """Per KV cache group, the cached blocks the request starts from."""
         if not self.limits.enable_prefix_caching:
-            return []
+            return self.kv.empty_tables()
         return self.kv.find_cached_prefix(request)
 
     def _start(self, request: Request, num_cached: int) -> None:
@@ -230,7 +236,8 @@ class Scheduler:
             del self._never_started[request.request_id]
 
     def _preempt(self, request: Request) -> None:
-        log.info("preempting %s to free %d blocks", request.request_id, len(request.block_ids))
+        num_blocks = self.kv.num_held_blocks(request)
+        log.info("preempting %s to free %d blocks", request.request_id, num_blocks)
         self.running.remove(request)
         self.kv.free(request)
         request.num_computed_tokens = 0

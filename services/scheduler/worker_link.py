@@ -18,7 +18,7 @@ from services.common.health import service_name
 from services.common.peer_health import PeerHealth
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.cache_events import CacheEventListener
-from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.kv_cache_manager import KVCacheManager, group_windows
 from services.scheduler.request import FinishReason, Request
 from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
 from services.scheduler.scheduler_metrics import observe_step
@@ -53,17 +53,26 @@ def step_to_proto(
                 block_ids=request.block_ids,
                 sampling=request.sampling.to_proto(),
                 trace=common_pb2.TraceContext(carrier=request.trace_context),
+                group_block_tables=_block_tables(request.block_tables[1:]),
             )
         )
     for request, num_new, new_blocks in step.running:
         msg.running.append(
             worker_pb2.RunningSequence(
-                request_id=request.request_id, num_new_tokens=num_new, new_block_ids=new_blocks
+                request_id=request.request_id,
+                num_new_tokens=num_new,
+                new_block_ids=new_blocks[0],
+                group_new_block_ids=_block_tables(new_blocks[1:]),
             )
         )
     if trace is not None:
         trace.annotate(msg)
     return msg
+
+
+def _block_tables(tables: list[list[int]]) -> list[worker_pb2.BlockTable]:
+    """KV cache groups 1, 2, ... on the wire (none for a worker with one group)."""
+    return [worker_pb2.BlockTable(block_ids=table) for table in tables]
 
 
 def output_for(request: Request, sample: Sample) -> scheduler_pb2.RequestOutput:
@@ -171,15 +180,17 @@ class WorkerLink:
     async def _connect(self) -> None:
         self.info = await self._stub.Describe(worker_pb2.DescribeRequest(), wait_for_ready=True)
         pool = BlockPool(self.info.num_blocks, listener=self.cache_events)
-        kv = KVCacheManager(pool, self.info.block_size, self.info.model_fingerprint)
+        windows = group_windows(g.sliding_window for g in self.info.kv_cache_groups)
+        kv = KVCacheManager(pool, self.info.block_size, self.info.model_fingerprint, windows)
         eos = frozenset(self.info.eos_token_ids)
         self.scheduler = Scheduler(self.limits, kv, self.info.max_model_len, eos)
         log.info(
-            "worker %s ready: model %s, %d blocks of %d tokens",
+            "worker %s ready: model %s, %d blocks of %d tokens, KV cache group windows %s",
             self.address,
             self.info.model,
             self.info.num_blocks,
             self.info.block_size,
+            windows,
         )
 
     async def _step_loop(self) -> None:

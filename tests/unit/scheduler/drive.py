@@ -45,9 +45,11 @@ def make_scheduler(
     fingerprint: str = "model-a",
     listener: RecordingListener | None = None,
     clock: FakeClock | None = None,
+    windows: tuple[int | None, ...] = (None,),
     **limits,
 ) -> Scheduler:
-    kv = KVCacheManager(BlockPool(num_blocks, listener), block_size, fingerprint)
+    """windows: the worker's KV cache groups (kv_cache_manager.py); one full group by default."""
+    kv = KVCacheManager(BlockPool(num_blocks, listener), block_size, fingerprint, windows)
     return Scheduler(
         SchedulerLimits(budget, max_seqs, **limits),
         kv,

@@ -78,8 +78,8 @@ def test_different_models_never_share_blocks():
     model_a.allocate_slots(a, 9)
     a.num_computed_tokens = 9
     model_a.cache_computed(a)
-    assert model_a.find_cached_prefix(make_request("x", SHARED + [1])) == [0, 1]
-    assert model_b.find_cached_prefix(make_request("y", SHARED + [1])) == []
+    assert model_a.find_cached_prefix(make_request("x", SHARED + [1])) == [[0, 1]]
+    assert model_b.find_cached_prefix(make_request("y", SHARED + [1])) == [[]]
     assert block_hashes(SHARED, 4, "model-a") != block_hashes(SHARED, 4, "model-b")
 
 

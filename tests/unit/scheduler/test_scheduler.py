@@ -50,10 +50,10 @@ def test_prefill_then_decode_allocates_blocks_as_tokens_grow():
     sample_all(sched, step)
     for _ in range(2):  # computing tokens 7 and 8 fits in the two blocks
         step = sched.schedule()
-        assert [(r.request_id, n, blocks) for r, n, blocks in step.running] == [("a", 1, [])]
+        assert [(r.request_id, n, blocks) for r, n, blocks in step.running] == [("a", 1, [[]])]
         sample_all(sched, step)
     step = sched.schedule()  # the 9th token needs a third block
-    assert step.running[0][2] == [2]
+    assert step.running[0][2] == [[2]]
     updated = sample_all(sched, step)
     assert updated[0][0].finish_reason is FinishReason.LENGTH
     assert sched.kv.pool.num_free == 8

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks.offline import OfflineEngine
+from services.scheduler.scheduler import SchedulerLimits
 from services.worker.attention import AttentionMetadata
 from services.worker.gemma3_reference import dense_hidden, dense_logits
 from services.worker.kv_cache import PagedKVCache, kv_cache_groups
@@ -121,3 +123,26 @@ def test_grouped_cache_frees_sliding_blocks_and_generates_the_same_tokens(
         assert len(kept) <= 2, "a window of 4 tokens spans at most 2 blocks of 4"
     full_blocks = sum(len(s.block_ids) for s in driver.seqs.values())  # 11
     assert driver.num_held <= full_blocks + 2 * len(prompts) < 2 * full_blocks
+
+
+def test_the_scheduler_drives_grouped_gemma_with_prefix_reuse_and_preemption(
+    tiny: tuple[Any, LoadedModel],
+) -> None:
+    """The real scheduler over the grouped cache: a request reusing a cached prefix longer than
+    the window starts with -1 sliding entries; a pool too small for all at once preempts; every
+    output equals the dense reference and every block comes back."""
+    _, loaded = tiny
+    groups = kv_cache_groups(loaded.config)
+    prompts = [TOKENS + [4, 4, 4], TOKENS + [9, 1], TOKENS[:10], TOKENS[3:] + [2]]
+    expected = [greedy_generate(loaded, prompt, 12) for prompt in prompts]
+    cache = PagedKVCache(loaded.config, 16, BLOCK, torch.float32, torch.device("cpu"), groups)
+    runner = ModelRunner(loaded, cache, max_model_len=64, model_name="tiny-gemma3")
+    engine = OfflineEngine(runner, SchedulerLimits(max_num_batched_tokens=6, max_num_seqs=4))
+    first = engine.generate(prompts[:1], [12])
+    assert first["r0"] == expected[0]
+    outputs = engine.generate(prompts[1:], [12] * 3)
+    assert [outputs[f"r{i}"] for i in range(3)] == expected[1:]
+    scheduler = engine.scheduler
+    assert scheduler.num_prefix_hit_tokens >= 3 * BLOCK, "the shared 13 tokens were reused"
+    assert scheduler.num_preemptions > 0, "16 blocks cannot hold all three at once"
+    assert scheduler.kv.pool.num_free == scheduler.kv.pool.num_blocks
