@@ -128,8 +128,20 @@ class WorkerConfig:
         p.add_argument("--device", default=env_str("WORKER_DEVICE", "auto"))
         p.add_argument("--dtype", default=env_str("WORKER_DTYPE", "float32"))
         p.add_argument("--block-size", type=int, default=env_int("BLOCK_SIZE", 16))
-        p.add_argument("--num-blocks", type=int, default=env_int("NUM_BLOCKS", 0) or None)
-        p.add_argument("--kv-cache-gb", type=float, default=env_float("KV_CACHE_GB", 1.0))
+        p.add_argument(
+            "--num-blocks",
+            type=int,
+            default=env_int("NUM_BLOCKS", 0) or None,
+            help="KV blocks in the pool (default: as many as --kv-cache-gb holds); a block holds "
+            "--block-size tokens of one KV cache group's layers: all of Llama's, 3 of Gemma 3 "
+            "270M's 18 (global and sliding-window layers have their own groups)",
+        )
+        p.add_argument(
+            "--kv-cache-gb",
+            type=float,
+            default=env_float("KV_CACHE_GB", 1.0),
+            help="KV cache size in GiB when --num-blocks is not given",
+        )
         p.add_argument("--max-model-len", type=int, default=env_int("MAX_MODEL_LEN", 0) or None)
         p.add_argument(
             "--threads",
