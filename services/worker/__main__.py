@@ -46,7 +46,7 @@ def build_runner(config: WorkerConfig) -> Runner:
             device=device,
             block_size=config.block_size,
             num_blocks=config.num_blocks,
-            kv_cache_bytes=int(config.kv_cache_gb * 2**30),
+            kv_cache_bytes=config.kv_cache_bytes,
             max_model_len=config.max_model_len,
             kernels=config.kernels,
             cuda_graph_max_batch=0 if config.enforce_eager else config.cuda_graph_max_batch,

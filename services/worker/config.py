@@ -31,7 +31,7 @@ class WorkerConfig:
     dtype: str
     block_size: int
     num_blocks: int | None
-    kv_cache_gb: float
+    kv_cache_gb: float | None  # None: 1 GiB on the CPU, a share of the free memory on CUDA
     max_model_len: int | None
     threads: int
     null: bool
@@ -53,7 +53,7 @@ class WorkerConfig:
             raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError(f"--block-size must be a power of two, got {self.block_size}")
-        if self.kv_cache_gb <= 0:
+        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise ValueError(f"--kv-cache-gb must be positive, got {self.kv_cache_gb}")
         if not self.step_timeout_s > 0:
             raise ValueError(f"--step-timeout-s must be positive, got {self.step_timeout_s}")
@@ -73,6 +73,11 @@ class WorkerConfig:
         if self.tensor_parallel_size > 1 and self.null:
             raise ValueError("--tensor-parallel-size needs a model: not with --null")
         self._check_registration()
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        """--kv-cache-gb in bytes; None: the runner's default for the device."""
+        return None if self.kv_cache_gb is None else int(self.kv_cache_gb * 2**30)
 
     def _check_quantization(self) -> None:
         if self.quantization not in QUANTIZATION_CHOICES:
@@ -139,8 +144,9 @@ class WorkerConfig:
         p.add_argument(
             "--kv-cache-gb",
             type=float,
-            default=env_float("KV_CACHE_GB", 1.0),
-            help="KV cache size in GiB when --num-blocks is not given",
+            default=env_float("KV_CACHE_GB", 0.0) or None,
+            help="KV cache size in GiB when --num-blocks is not given (default: 1 on the CPU; "
+            "on CUDA 80%% of the memory left free once the weights are loaded)",
         )
         p.add_argument("--max-model-len", type=int, default=env_int("MAX_MODEL_LEN", 0) or None)
         p.add_argument(

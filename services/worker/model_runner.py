@@ -124,7 +124,7 @@ class ModelRunner:
         groups = kv_cache_groups(loaded.config)
         if num_blocks is None:
             budget = (
-                kv_cache_bytes if kv_cache_bytes is not None else _default_kv_bytes(torch_device)
+                kv_cache_bytes if kv_cache_bytes is not None else default_kv_bytes(torch_device)
             )
             num_blocks = num_blocks_for_bytes(
                 loaded.config, block_size, torch_dtype, budget, groups
@@ -333,7 +333,8 @@ def _decode_with_graphs(graphs: DecodeGraphs, scheduled: list[_Scheduled]) -> to
     )
 
 
-def _default_kv_bytes(device: torch.device) -> int:
+def default_kv_bytes(device: torch.device) -> int:
+    """The KV cache size without --kv-cache-gb / --num-blocks (DEFAULT_*_KV_* above)."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free * DEFAULT_GPU_KV_FRACTION)

@@ -18,7 +18,7 @@ from services.worker.model import registry
 from services.worker.model.config import LlamaConfig
 from services.worker.model.llama import LlamaModel
 from services.worker.model.loader import default_path, load_model
-from services.worker.model_runner import DTYPES
+from services.worker.model_runner import DTYPES, default_kv_bytes
 from services.worker.tensor_parallel import check_divisible, shard_config, shard_model
 from services.worker.tp_runner import TensorParallelRunner
 
@@ -41,7 +41,7 @@ class RankSpec:
     dtype: str
     block_size: int
     num_blocks: int | None
-    kv_cache_bytes: int  # per rank: each holds its own KV heads of every block
+    kv_cache_bytes: int | None  # per rank (its own KV heads of every block); None: the default
     max_model_len: int | None
     kernels: str
     threads: int  # torch intra-op threads per rank; 0: torch's default
@@ -59,7 +59,7 @@ class RankSpec:
             dtype=config.dtype,
             block_size=config.block_size,
             num_blocks=config.num_blocks,
-            kv_cache_bytes=int(config.kv_cache_gb * 2**30),
+            kv_cache_bytes=config.kv_cache_bytes,
             max_model_len=config.max_model_len,
             kernels=config.kernels,
             threads=config.threads,
@@ -132,9 +132,13 @@ def build_rank_runner(
     if spec.max_model_len is not None and not 0 < spec.max_model_len <= limit:
         raise ValueError(f"max_model_len must be in [1, {limit}], got {spec.max_model_len}")
     rank_config = shard_config(loaded.config, spec.world_size)
-    num_blocks = spec.num_blocks or num_blocks_for_bytes(
-        rank_config, spec.block_size, dtype, spec.kv_cache_bytes
-    )
+    num_blocks = spec.num_blocks
+    if num_blocks is None:
+        budget = spec.kv_cache_bytes
+        if budget is None:  # a share of this rank's free memory: ranks may differ
+            budget = default_kv_bytes(device)
+        own = num_blocks_for_bytes(rank_config, spec.block_size, dtype, budget)
+        num_blocks = _fewest_blocks(own, control)
     cache = PagedKVCache(rank_config, num_blocks, spec.block_size, dtype, device)
     return TensorParallelRunner(
         loaded,
@@ -147,3 +151,10 @@ def build_rank_runner(
         model_name=spec.model_name,
         kernels=spec.kernels,
     )
+
+
+def _fewest_blocks(num_blocks: int, group: dist.ProcessGroup) -> int:
+    """The smallest pool of all ranks: every rank must hold every block id the scheduler uses."""
+    count = torch.tensor([num_blocks], dtype=torch.int64)
+    dist.all_reduce(count, op=dist.ReduceOp.MIN, group=group)
+    return int(count.item())
