@@ -98,6 +98,16 @@ async def main() -> None:
         runner.block_size,
         runner.max_model_len,
     )
+    if len(runner.kv_cache_groups) > 1:
+        log.info(
+            "KV cache groups, each with its own block tables (a block holds %d layers): %s",
+            len(runner.kv_cache_groups[0].layers),
+            "; ".join(
+                f"layers {','.join(map(str, g.layers))} "
+                + ("global" if g.window is None else f"window {g.window}")
+                for g in runner.kv_cache_groups
+            ),
+        )
     gate = DrainGate("the worker")
     server = new_server([gate])
     # Absolute, so that the tokenizer service (another process, maybe another working
