@@ -38,7 +38,7 @@ def token_capacity(num_blocks: int, block_size: int, windows: Windows, max_chunk
     sliding-window group at most the blocks of one window plus one step's chunk (max_chunk
     tokens, the scheduler's max_num_batched_tokens), and one more where the window starts
     mid-block."""
-    caps = [None if w is None else _ceil_div(w - 1 + max_chunk, block_size) + 1 for w in windows]
+    caps = [_window_cap(w, block_size, max_chunk) for w in windows]
 
     def blocks_held(blocks_per_table: int) -> int:
         return sum(blocks_per_table if cap is None else min(blocks_per_table, cap) for cap in caps)
@@ -80,6 +80,23 @@ class KVCacheManager:
     def num_held_blocks(self, request: Request) -> int:
         """Blocks the request references, every group together (dropped entries excluded)."""
         return sum(block != DROPPED for table in request.block_tables for block in table)
+
+    def can_start(self, request: Request, cached: list[list[int]], max_chunk: int) -> bool:
+        """Whether the free blocks can hold every known token of a waiting request (its whole
+        prefill, in chunks of up to max_chunk tokens), cached blocks counted as held.
+
+        Starting a request on its first chunk's blocks alone lets several long prompts start
+        at once and then preempt one another chunk after chunk, each losing its progress."""
+        size = self.blocks_for(request.num_tokens)
+        num_cached = len(cached[0]) * self.block_size
+        need = 0
+        for window in self.windows:
+            blocks = size - self._first_needed(num_cached, window)  # none behind the window
+            cap = _window_cap(window, self.block_size, max_chunk)
+            need += blocks if cap is None else min(blocks, cap)
+        # Cached blocks others hold take nothing from the pool; evictable ones are in num_free.
+        shared = sum(1 for t in cached for b in t if b != DROPPED and self.pool.ref_count(b) > 0)
+        return self.pool.num_free >= need - shared
 
     def find_cached_prefix(self, request: Request) -> list[list[int]]:
         """The block tables (one per group, each with one entry per block) of the longest
@@ -213,6 +230,14 @@ class KVCacheManager:
                 tokens, self.block_size, self.model_fingerprint, start=len(hashes), parent=parent
             )
         return hashes
+
+
+def _window_cap(window: int | None, block_size: int, max_chunk: int) -> int | None:
+    """The most blocks a sliding-window group holds for one request: one window and one step's
+    chunk, plus one where the window starts mid-block. None: a full group holds every block."""
+    if window is None:
+        return None
+    return _ceil_div(window - 1 + max_chunk, block_size) + 1
 
 
 def _ceil_div(a: int, b: int) -> int:

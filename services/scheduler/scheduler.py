@@ -14,9 +14,12 @@ ever reads a block whose KV is still being written.
 On a worker with sliding-window layers, a request's blocks that fall wholly out of the window
 go back to the pool as it advances (kv_cache_manager.py), so long sequences hold fewer blocks.
 
-Waiting requests start in WaitingQueue order (priority, then fairness across tenants). The
-queue is bounded (add() raises ResourceExhausted beyond max_waiting) and so is the wait of a
-request that never started (expire() ends it after max_queue_wait_s).
+Waiting requests start in WaitingQueue order (priority, then fairness across tenants), each
+only when the free blocks can hold all of its known tokens (its whole prefill): started on its
+first chunk's blocks alone, a long prompt would be preempted, losing its progress, as soon as
+the requests already running need those blocks. The queue is bounded (add() raises
+ResourceExhausted beyond max_waiting) and so is the wait of a request that never started
+(expire() ends it after max_queue_wait_s).
 """
 
 from __future__ import annotations
@@ -205,8 +208,11 @@ class Scheduler:
             cached = self._cached_prefix(request)
             num_cached = len(cached[0]) * self.kv.block_size
             num_new = min(request.num_tokens - num_cached, budget)
-            if self.kv.allocate_slots(request, num_new, cached) is None:
+            chunk = self.limits.max_num_batched_tokens
+            if not self.kv.can_start(request, cached, chunk):
                 break  # the next request waits for blocks, keeping the queue order fair
+            if self.kv.allocate_slots(request, num_new, cached) is None:
+                break
             self.waiting.remove(request)
             self._start(request, num_cached)
             running_per_tenant[request.tenant] += 1

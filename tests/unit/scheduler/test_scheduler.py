@@ -105,6 +105,26 @@ def test_out_of_blocks_preempts_the_most_recent_request_which_resumes_with_its_t
     assert resumed is new and n == 9  # prompt and its generated token, recomputed
 
 
+def test_a_prompt_starts_only_when_the_pool_can_hold_all_of_it():
+    """Two 28-token prompts (7 blocks each) in a pool of 10, 8 tokens a step: "b" waits until
+    "a" has finished instead of starting on the blocks left over and being preempted (losing
+    its prefill) once "a" needs them."""
+    sched = make_scheduler(num_blocks=10, block_size=4, budget=8, caching=False)
+    sched.add(make_request("a", prompt_len=28, max_tokens=6))
+    sched.add(make_request("b", prompt_len=28, max_tokens=6))
+    started: dict[str, int] = {}
+    for step_index in range(40):
+        step = sched.schedule()
+        for request, _ in step.new:
+            started[request.request_id] = step_index
+        sample_all(sched, step)
+        if not sched.has_work():
+            break
+    assert sched.num_preemptions == 0
+    assert started["b"] > started["a"] + 4, "b waited for a's blocks"
+    assert sched.kv.pool.num_free == 10 and not sched.requests
+
+
 def test_priority_orders_the_queue_and_chooses_the_victim():
     sched = make_scheduler(num_blocks=4, block_size=4, budget=4, max_seqs=1)
     sched.add(make_request("low", prompt_len=2))
