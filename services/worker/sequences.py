@@ -74,7 +74,7 @@ def _check_new(seq: NewSequence, limits: PlanLimits) -> None:
     except InvalidArgument as err:
         raise ValueError(f"{rid!r}: {err.message}") from None
     _check_group_count(rid, len(seq.group_block_ids), limits)
-    tables = [seq.block_ids, *seq.group_block_ids]
+    tables = [(0, table) for table in (seq.block_ids, *seq.group_block_ids)]
     _check_extent(rid, seq.num_computed_tokens, seq.num_new_tokens, known, tables, limits)
 
 
@@ -84,7 +84,8 @@ def _check_running(diff: RunningSequence, state: SequenceState, limits: PlanLimi
         raise ValueError(f"{rid!r}: negative num_new_tokens {diff.num_new_tokens}")
     _check_group_count(rid, len(diff.group_new_block_ids), limits)
     appended = [diff.new_block_ids, *diff.group_new_block_ids]
-    tables = [held + new for held, new in zip(state.block_tables, appended, strict=True)]
+    # The held blocks were checked when they arrived: each step checks only what it appends.
+    tables = [(len(held), new) for held, new in zip(state.block_tables, appended, strict=True)]
     known = len(state.token_ids)
     _check_extent(rid, state.num_computed, diff.num_new_tokens, known, tables, limits)
 
@@ -98,25 +99,31 @@ def _check_group_count(rid: str, num_group_tables: int, limits: PlanLimits) -> N
 
 
 def _check_extent(
-    rid: str, computed: int, new: int, known: int, tables: list[list[int]], limits: PlanLimits
+    rid: str,
+    computed: int,
+    new: int,
+    known: int,
+    tables: list[tuple[int, list[int]]],
+    limits: PlanLimits,
 ) -> None:
     """The tokens to compute exist, fit the model and are covered by valid blocks in every KV
     cache group; only a sliding group may have dropped (-1) blocks, and only before the window
-    of the step's first query."""
+    of the step's first query. tables: per group, (how many leading blocks were checked
+    before, the blocks that follow them)."""
     end = computed + new
     if end > known:
         raise ValueError(f"{rid!r}: computing up to token {end} but only {known} are known")
     if end > limits.max_model_len:
         raise ValueError(f"{rid!r}: {end} tokens exceed max_model_len {limits.max_model_len}")
     size = limits.block_size
-    for group, (blocks, window) in enumerate(zip(tables, limits.windows, strict=True)):
-        if len(blocks) * size < end:
+    for group, ((checked, blocks), window) in enumerate(zip(tables, limits.windows, strict=True)):
+        if (checked + len(blocks)) * size < end:
             raise ValueError(
-                f"{rid!r}: {len(blocks)} blocks of {size} cannot hold {end} tokens "
+                f"{rid!r}: {checked + len(blocks)} blocks of {size} cannot hold {end} tokens "
                 f"(KV cache group {group})"
             )
         first_read = 0 if window is None else max(computed - window + 1, 0) // size
-        for index, block in enumerate(blocks):
+        for index, block in enumerate(blocks, start=checked):
             if block == -1 and index < first_read:
                 continue
             if not 0 <= block < limits.num_blocks:
