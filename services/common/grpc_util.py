@@ -1,4 +1,6 @@
-"""gRPC plumbing shared by the services: channel and server options, error translation."""
+"""gRPC plumbing shared by the services: channel and server options, error translation, and
+internal authentication (services/common/internal_auth.py) on every internal server and
+channel built here."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ from typing import TypeVar
 import grpc
 
 from services.common.errors import LayerserveError
+from services.common.internal_auth import InternalAuth
 from services.common.tls import TlsSettings
+from services.common.token_channel import TokenChannel
+from services.common.token_check import TokenCheck
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +40,20 @@ SERVER_OPTIONS = [
 ]
 
 
-def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
-    """interceptors: e.g. the DrainGate (services/common/drain_gate.py) of a drainable server."""
-    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
+def new_server(
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    *,
+    public: bool = False,
+    auth: InternalAuth | None = None,
+) -> grpc.aio.Server:
+    """interceptors: e.g. the DrainGate (services/common/drain_gate.py) of a drainable server.
+    An internal server (not `public`, the gateway's API) refuses calls without the internal
+    token when one is configured, before any other interceptor sees them."""
+    checks: list[grpc.aio.ServerInterceptor] = []
+    auth = process_auth() if auth is None else auth
+    if not public and auth.token:
+        checks.append(TokenCheck(auth))
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=[*checks, *interceptors])
 
 
 @functools.cache
@@ -46,11 +62,27 @@ def process_tls() -> TlsSettings:
     return TlsSettings.from_env()
 
 
-def add_port(server: grpc.aio.Server, address: str, tls: TlsSettings | None = None) -> int:
+@functools.cache
+def process_auth() -> InternalAuth:
+    """This process's internal token settings (LAYERSERVE_INTERNAL_TOKEN*), read once."""
+    return InternalAuth.from_env()
+
+
+def add_port(
+    server: grpc.aio.Server,
+    address: str,
+    tls: TlsSettings | None = None,
+    *,
+    public: bool = False,
+    auth: InternalAuth | None = None,
+) -> int:
     """Binds `address` with TLS when it is configured (mutual under client auth), else in
-    plaintext; returns the port bound."""
+    plaintext; returns the port bound. An internal port beyond loopback needs the internal
+    token or mutual TLS (or LAYERSERVE_ALLOW_INSECURE_INTERNAL=1): ValueError otherwise."""
     tls = process_tls() if tls is None else tls
     tls.require_serving()
+    if not public:
+        (process_auth() if auth is None else auth).check_bind(address, tls)
     if not tls.can_serve:
         return server.add_insecure_port(address)
     cert, key, ca = tls.read()
@@ -62,20 +94,36 @@ def add_port(server: grpc.aio.Server, address: str, tls: TlsSettings | None = No
     return server.add_secure_port(address, credentials)
 
 
-def new_channel(address: str, tls: TlsSettings | None = None) -> grpc.aio.Channel:
-    """A channel to another service: TLS when configured, else plaintext."""
+def new_channel(
+    address: str, tls: TlsSettings | None = None, auth: InternalAuth | None = None
+) -> grpc.aio.Channel:
+    """A channel to another service: TLS when configured, else plaintext; every call carries
+    the internal token when there is one."""
     tls = process_tls() if tls is None else tls
     if not tls.enabled:
-        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.aio.secure_channel(address, _credentials(tls), options=_options(tls))
+        channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    else:
+        channel = grpc.aio.secure_channel(address, _credentials(tls), options=_options(tls))
+    return _with_token(channel, auth)
 
 
-def new_sync_channel(address: str, tls: TlsSettings | None = None) -> grpc.Channel:
+def new_sync_channel(
+    address: str, tls: TlsSettings | None = None, auth: InternalAuth | None = None
+) -> grpc.Channel:
     """new_channel for blocking callers (the launcher's probes, the admin CLI)."""
     tls = process_tls() if tls is None else tls
     if not tls.enabled:
-        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.secure_channel(address, _credentials(tls), options=_options(tls))
+        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    else:
+        channel = grpc.secure_channel(address, _credentials(tls), options=_options(tls))
+    return _with_token(channel, auth)
+
+
+def _with_token(channel: T, auth: InternalAuth | None) -> T:
+    auth = process_auth() if auth is None else auth
+    if not auth.token:
+        return channel
+    return TokenChannel(channel, auth.metadata)  # type: ignore[return-value] (a proxy of it)
 
 
 def _credentials(tls: TlsSettings) -> grpc.ChannelCredentials:

@@ -20,6 +20,7 @@ import grpc
 from services.common.drain_gate import DrainGate
 from services.common.env import env_float
 from services.common.health import Health
+from services.common.internal_auth import InternalAuthError
 
 log = logging.getLogger(__name__)
 
@@ -95,3 +96,5 @@ def run_service(main: Callable[[], Awaitable[None]]) -> None:
         asyncio.run(main())
     except KeyboardInterrupt:
         pass
+    except InternalAuthError as err:  # e.g. an internal port beyond loopback, unauthenticated
+        raise SystemExit(f"cannot start: {err}") from None

@@ -49,7 +49,7 @@ async def main() -> None:
     site = web.TCPSite(runner, config.host, config.http_port, ssl_context=ssl_context)
     await site.start()
     gate = DrainGate("the gateway")
-    grpc_server = new_server([gate])
+    grpc_server = new_server([gate], public=True)
     gateway_pb2_grpc.add_GatewayServicer_to_server(
         GatewayServicer(backend, front_door, config.limits), grpc_server
     )
@@ -58,7 +58,7 @@ async def main() -> None:
     )
     health.add_to(grpc_server)
     health.start()
-    add_port(grpc_server, f"{config.host}:{config.grpc_port}", public_tls)
+    add_port(grpc_server, f"{config.host}:{config.grpc_port}", public_tls, public=True)
     await grpc_server.start()
     log.info(
         "OpenAI API at %s://%s:%d/v1, gRPC API at %s:%d%s",
