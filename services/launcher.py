@@ -1,5 +1,7 @@
-"""`make run`: start the four services as separate processes, wait until each is ready, and
-stop them all on Ctrl-C (or when any of them dies). One model by default; several, with
+"""`make run`: start the four services as separate processes, wait until each is ready, start
+again any that exits (services/launcher_supervisor.py), and stop them all on Ctrl-C or
+SIGTERM. Internal calls carry a token generated for the run (services/common/internal_auth.py)
+unless LAYERSERVE_INTERNAL_TOKEN(_FILE) gives one. One model by default; several, with
 replicas and aliases, from a config file (`--config FILE`, see services/stack_file.py).
 `layerserve doctor` checks the platform instead (services/worker/doctor.py);
 `layerserve bench` runs the benchmarks (benchmarks/cli.py).
@@ -15,7 +17,9 @@ import subprocess
 import sys
 import time
 
-from services.common.env import env_int, env_str
+from services.common.env import PREFIX, env_int, env_str
+from services.common.internal_auth import new_token
+from services.launcher_supervisor import Supervisor
 from services.stack import Stack, StackConfig
 from services.stack_file import read_stack_file
 
@@ -100,10 +104,11 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s"
     )
     config = parse_args(argv)
+    config.env.update(internal_token_env(os.environ))
     stack = Stack(config)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        stack.start()
+        stack.start()  # a process that fails to start stops the launcher: a bad setting
         log.info(
             "layerserve is up: OpenAI API at %s/v1 (metrics at /metrics), gRPC at "
             "127.0.0.1:%d (models %s). Ctrl-C stops it.",
@@ -111,17 +116,27 @@ def main(argv: list[str] | None = None) -> None:
             config.grpc_port,
             ", ".join(spec.name for spec in config.model_specs()),
         )
+        supervisor = Supervisor(stack)
         while True:
-            stack.check_alive()
+            supervisor.poll()
             time.sleep(0.5)
     except KeyboardInterrupt:
         log.info("stopping")
-    except RuntimeError as err:
+    except (RuntimeError, TimeoutError) as err:
         log.error("%s; stopping the stack", err)
         stack.stop()
         sys.exit(1)
     finally:
         stack.stop()
+
+
+def internal_token_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """The children's internal token: the operator's when set (they inherit it), else one
+    made for this run, so that no process of the stack takes calls from outside it."""
+    if environ.get(f"{PREFIX}INTERNAL_TOKEN") or environ.get(f"{PREFIX}INTERNAL_TOKEN_FILE"):
+        return {}
+    log.info("internal calls carry a token generated for this run")
+    return {f"{PREFIX}INTERNAL_TOKEN": new_token()}
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from layerserve.tokenizer.v1 import tokenizer_pb2
 from layerserve.worker.v1 import worker_pb2
 from services.common.grpc_util import new_sync_channel
 from services.common.health import service_name
+from services.common.internal_auth import InternalAuth
 from services.common.tls import TlsSettings
 from services.stack_file import ModelSpec
 
@@ -99,9 +100,13 @@ class Stack:
         self.config = config
         self.procs: dict[str, subprocess.Popen] = {}
         self._commands: dict[str, tuple[str, list[str]]] = {}  # name -> (module, args)
+        self._redis_argv: list[str] = []
         self._logs: list = []
-        # The children's LAYERSERVE_TLS_*: the readiness probes must speak what they serve.
-        self.tls = TlsSettings.from_env({**os.environ, **config.env})
+        # The children's LAYERSERVE_TLS_* and internal token: the readiness probes must speak
+        # what they serve.
+        children_env = {**os.environ, **config.env}
+        self.tls = TlsSettings.from_env(children_env)
+        self.auth = InternalAuth.from_env(children_env)
 
     @property
     def http_url(self) -> str:
@@ -198,11 +203,9 @@ class Stack:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        self.procs["redis"] = subprocess.Popen(
-            [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self._redis_argv = [exe, "--port", str(port), "--bind", "127.0.0.1"]
+        self._redis_argv += ["--save", "", "--appendonly", "no"]
+        self._spawn_redis()
         deadline = time.monotonic() + 10
         while not _safe(lambda: _redis_ping(port)):
             self.check_alive()
@@ -215,6 +218,11 @@ class Stack:
             port,
         )
         return f"redis://127.0.0.1:{port}/0"
+
+    def _spawn_redis(self) -> None:
+        self.procs["redis"] = subprocess.Popen(
+            self._redis_argv, stdout=subprocess.DEVNULL, start_new_session=True
+        )
 
     def _spawn(self, name: str, module: str, args: list[str], mode: str = "w") -> None:
         out = None
@@ -238,6 +246,7 @@ class Stack:
         tls = self.tls
         # Each service's own readiness (grpc.health.v1, the gateway's /ready); the scheduler
         # is SERVING with one live worker, so it is also asked for every configured model.
+        auth = self.auth
         checks = [
             (f"worker{i}", partial(_serving, port, _WORKER, tls))
             for i, port in enumerate(c.worker_ports)
@@ -247,7 +256,7 @@ class Stack:
                 "scheduler",
                 lambda: (
                     _serving(c.scheduler_port, _SCHEDULER, tls)
-                    and _serves(_scheduler_models(c.scheduler_port, tls), names)
+                    and _serves(_scheduler_models(c.scheduler_port, tls, auth), names)
                 ),
             ),
             ("tokenizer", partial(_serving, c.tokenizer_port, _TOKENIZER, tls)),
@@ -273,10 +282,14 @@ class Stack:
         proc.wait()
 
     def restart(self, name: str) -> None:
-        """Starts a killed (or exited) service again with its arguments, port included; its
-        log goes on in the same file. Returns at once: the caller waits for readiness."""
+        """Starts a killed (or exited) service, or Redis, again with its arguments, port
+        included; its log goes on in the same file. Returns at once: the caller waits for
+        readiness."""
         if self.procs[name].poll() is None:
             self.kill(name)
+        if name == "redis":
+            self._spawn_redis()
+            return
         module, args = self._commands[name]
         self._spawn(name, module, args, mode="a")
 
@@ -323,8 +336,8 @@ def _serves(models: list[str], names: list[str]) -> bool:
     return set(names) <= set(models)
 
 
-def _scheduler_models(port: int, tls: TlsSettings) -> list[str]:
-    with new_sync_channel(f"127.0.0.1:{port}", tls) as channel:
+def _scheduler_models(port: int, tls: TlsSettings, auth: InternalAuth) -> list[str]:
+    with new_sync_channel(f"127.0.0.1:{port}", tls, auth) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         response = stub.ListModels(scheduler_pb2.ListModelsRequest(), timeout=2)
     return [m.id for m in response.models]
@@ -332,7 +345,7 @@ def _scheduler_models(port: int, tls: TlsSettings) -> list[str]:
 
 def _serving(port: int, service: str, tls: TlsSettings) -> bool:
     """Whether the service on `port` reports SERVING (grpc.health.v1 Check)."""
-    with new_sync_channel(f"127.0.0.1:{port}", tls) as channel:
+    with new_sync_channel(f"127.0.0.1:{port}", tls, InternalAuth()) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
     return response.status == health_pb2.HealthCheckResponse.SERVING
