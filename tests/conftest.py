@@ -18,6 +18,8 @@ import pytest  # noqa: E402
 
 from tests.redis_server import RedisServer  # noqa: E402
 
+pytest_plugins = ["tests.failure_rendering"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     # Here, not in tests/reliability/conftest.py: options of a sub-directory's conftest are

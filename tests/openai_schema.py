@@ -24,9 +24,8 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-_DEFAULT_PATH = (
-    Path(__file__).resolve().parents[1].parent / "shared" / "openai-openapi" / "openapi.json"
-)
+# Vendored with its license and provenance (tests/data/openai-openapi/SOURCE.md).
+_DEFAULT_PATH = Path(__file__).resolve().parent / "data" / "openai-openapi" / "openapi.json"
 _DOCUMENT_URI = "urn:openai:openapi"
 COMPLETION_STREAM_SCHEMA = "CreateCompletionStreamResponse"
 

