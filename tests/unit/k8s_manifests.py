@@ -31,6 +31,7 @@ POD_IP = FIELDS["status.podIP"]
 # docs/deploy.md tells how to create them). A missing entry fails the test that needs it.
 SAMPLE_SECRETS = {
     ("layerserve-admin", "admin-key"): "sample-admin-key",
+    ("layerserve-internal", "token"): "sample-internal-token-0123456789",
     ("layerserve-api-keys", "keys.toml"): (
         f'[[keys]]\nname = "sample"\nsha256 = "{hash_key("sample-key")}"\n'
     ),

@@ -24,7 +24,8 @@ from tests.unit.compose_files import (
     service_config,
 )
 
-SERVICES = {*LAYERSERVE_SERVICES, "redis", "jaeger", "prometheus", "grafana"}
+SERVICES = {*LAYERSERVE_SERVICES, "internal-token", "redis", "jaeger", "prometheus", "grafana"}
+TOKEN_DIR = "/var/lib/layerserve/secrets"
 DOCKERFILES = ("docker/Dockerfile", "docker/Dockerfile.cuda")
 GPU_RESERVATION = {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
 
@@ -100,6 +101,30 @@ def test_health_checks_ask_each_services_own_grpc_port(variant, request) -> None
         assert test[0] == "CMD", name
         assert module_of(test[1:]) == "services.common.healthcheck", name
         assert test[4] == f"127.0.0.1:{port}", name
+
+
+@pytest.mark.parametrize("variant", ["gpu", "cpu"])
+def test_every_service_reads_the_internal_token_made_before_it_starts(variant, request) -> None:
+    """The internal ports listen on 0.0.0.0: without the token they would refuse to start
+    (services/common/internal_auth.py), and with another one they would refuse each other."""
+    services = request.getfixturevalue(variant)["services"]
+    maker = services["internal-token"]
+    assert module_of(maker["command"]) == "services.common.internal_auth"
+    assert maker["command"][3:] == ["generate", f"{TOKEN_DIR}/internal-token"]
+    assert maker["restart"] == "no"
+    assert {(v["source"], v["target"]) for v in maker["volumes"]} == {("internal-token", TOKEN_DIR)}
+    for name in LAYERSERVE_SERVICES:
+        service = services[name]
+        env = service["environment"]
+        assert env["LAYERSERVE_INTERNAL_TOKEN_FILE"] == f"{TOKEN_DIR}/internal-token", name
+        assert "LAYERSERVE_INTERNAL_TOKEN" not in env, name
+        mounts = {(v["source"], v["target"], v.get("read_only")) for v in service["volumes"]}
+        assert ("internal-token", TOKEN_DIR, True) in mounts, name
+        condition = service["depends_on"]["internal-token"]["condition"]
+        assert condition == "service_completed_successfully", name
+    for dockerfile in DOCKERFILES:  # the volume takes the owner of the images' directory
+        runs = " ".join(" ".join(args) for args in _instructions(dockerfile, "RUN"))
+        assert f"chown layerserve /models {TOKEN_DIR}" in runs, dockerfile
 
 
 def test_a_model_in_the_volume_reaches_the_worker_and_the_tokenizer(tmp_path, gpu) -> None:

@@ -20,7 +20,9 @@ from layerserve.scheduler.v1 import admin_pb2, scheduler_pb2
 from layerserve.tokenizer.v1 import tokenizer_pb2
 from layerserve.worker.v1 import worker_pb2
 from services.common.health import service_name
+from services.common.internal_auth import InternalAuth
 from services.common.metrics import PREFIX
+from services.common.tls import TlsSettings
 from services.scheduler.aliases import load_alias_file
 from services.scheduler.scheduler_metrics import SchedulerCollector
 from tests.unit.compose_files import CPU_FILES, GPU_FILES, LAYERSERVE_SERVICES, REPO, resolve
@@ -89,6 +91,21 @@ def test_every_object_is_valid_against_the_kubernetes_schemas(overlay, rendered)
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         if obj["kind"] != "Namespace":
             assert obj["metadata"]["namespace"] == "layerserve", obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_service_sends_and_checks_the_internal_token_from_one_secret(
+    overlay, rendered
+) -> None:
+    """Internal ports listen on 0.0.0.0: without a token they would refuse to start."""
+    objects = rendered[overlay]
+    for deployment in layerserve_deployments(objects):
+        container = only_container(deployment)
+        (entry,) = [e for e in container["env"] if e["name"] == "LAYERSERVE_INTERNAL_TOKEN"]
+        assert entry["valueFrom"]["secretKeyRef"] == {"name": "layerserve-internal", "key": "token"}
+        auth = InternalAuth.from_env(container_env(container, objects))
+        assert auth.token and not auth.allow_insecure
+        auth.check_bind("0.0.0.0:50060", TlsSettings())
 
 
 def test_the_schema_check_refuses_a_misspelt_field(rendered) -> None:
