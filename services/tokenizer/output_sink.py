@@ -6,7 +6,7 @@ from layerserve.common.v1 import common_pb2
 from layerserve.tokenizer.v1 import tokenizer_pb2
 from services.common.errors import LayerserveError, code_number, error_from_code
 from services.common.mux import MuxClient, Outbox
-from services.tokenizer.request_trace import RequestTrace
+from services.tokenizer.request_events import NO_LISTENER, RequestListener
 from services.tokenizer.text_stream import TextStream
 
 GenerateOutput = tokenizer_pb2.GenerateOutput
@@ -24,7 +24,7 @@ def error_output(request_id: str, err: LayerserveError) -> GenerateOutput:
 class OutputSink:
     """Receives one request's outputs from the scheduler (inline, on the reading task)."""
 
-    __slots__ = ("request_id", "model_name", "stream", "outbox", "open_ids", "mux", "trace")
+    __slots__ = ("request_id", "model_name", "stream", "outbox", "open_ids", "mux", "events")
 
     def __init__(
         self,
@@ -34,7 +34,7 @@ class OutputSink:
         outbox: Outbox,
         open_ids: set[str],
         mux: MuxClient,
-        trace: RequestTrace | None = None,
+        events: RequestListener = NO_LISTENER,
     ) -> None:
         self.request_id = request_id
         self.model_name = model_name  # the model serving it (an alias's target)
@@ -42,7 +42,7 @@ class OutputSink:
         self.outbox = outbox
         self.open_ids = open_ids
         self.mux = mux
-        self.trace = trace
+        self.events = events
 
     def __call__(self, output) -> None:
         if output is None or self.stream.finished:
@@ -62,11 +62,9 @@ class OutputSink:
             )
             return
         last = output.finish_reason != _UNSPECIFIED
-        trace = self.trace
-        clock = trace.detokenizing() if trace is not None else 0
+        self.events.detokenizing(self.request_id)
         delta = self.stream.add(list(output.token_ids), last)
-        if trace is not None:
-            trace.detokenized(clock)
+        self.events.detokenized(self.request_id)
         finish = output.finish_reason
         if delta.stopped:
             finish = common_pb2.FINISH_REASON_STOP
@@ -87,8 +85,7 @@ class OutputSink:
         self.outbox.put(out)
         if self.stream.finished:
             self.open_ids.discard(self.request_id)
-            if trace is not None:
-                trace.finish(out)
+            self.events.finished(self.request_id, out)
 
     def _text_logprob(self, lp: common_pb2.TokenLogprob) -> tokenizer_pb2.TextLogprob:
         model = self.stream.model
@@ -109,5 +106,4 @@ class OutputSink:
         self.stream.finished = True
         self.open_ids.discard(self.request_id)
         self.outbox.put(out)
-        if self.trace is not None:
-            self.trace.finish(None, error)
+        self.events.failed(self.request_id, error)

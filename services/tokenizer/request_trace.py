@@ -1,4 +1,5 @@
-"""The tokenizer's spans for one request, when this process traces:
+"""The tokenizer's spans, built from its request events (request_events.py) when this process
+traces. For one request:
 
 - `tokenizer request`, from its arrival to its last output: a child of the gateway's span for
   the choice, and the parent of the scheduler's (its context goes out in Submit.trace);
@@ -10,14 +11,15 @@
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
 
 from opentelemetry.trace import Span
 
 from layerserve.common.v1 import common_pb2
+from layerserve.scheduler.v1 import scheduler_pb2
 from layerserve.tokenizer.v1 import tokenizer_pb2
 from services.common import span_attributes as attrs
 from services.common import tracing
+from services.tokenizer.request_events import RequestListener
 
 _FINISH_NAMES = {
     common_pb2.FINISH_REASON_STOP: "stop",
@@ -26,11 +28,64 @@ _FINISH_NAMES = {
 }
 
 
-class RequestTrace:
-    """Registered in `live` (request id -> trace) until it ends, so that an abort, which
-    reaches no sink, can end it too."""
+class RequestTracer(RequestListener):
+    """Listens to the tokenizer's request events and keeps each traced request's spans."""
 
-    __slots__ = ("span", "_request_id", "_live", "_detokenize", "_busy_ns")
+    __slots__ = ("_live", "_tokenizing")
+
+    def __init__(self) -> None:
+        self._live: dict[str, RequestTrace] = {}
+        # `tokenize` spans by request id: an aborted request's ends when its tokenizing does.
+        self._tokenizing: dict[str, Span] = {}
+
+    def started(self, request: tokenizer_pb2.GenerateRequest) -> None:
+        trace = RequestTrace.start(request, self._live)
+        span = None if trace is None else tracing.start_span("tokenize", trace.span)
+        if span is not None:
+            self._tokenizing[request.request_id] = span
+
+    def tokenized(self, request_id: str, target: str, num_prompt_tokens: int) -> None:
+        tracing.finish(self._tokenizing.pop(request_id, None))
+        trace = self._live.get(request_id)
+        if trace is not None:
+            trace.tokenized(target, num_prompt_tokens)
+
+    def submitting(self, request_id: str, submit: scheduler_pb2.Submit) -> None:
+        trace = self._live.get(request_id)
+        if trace is not None:  # else the carrier received goes on (Submit.trace as it came)
+            submit.trace.CopyFrom(common_pb2.TraceContext(carrier=trace.carrier()))
+
+    def detokenizing(self, request_id: str) -> None:
+        trace = self._live.get(request_id)
+        if trace is not None:
+            trace.detokenizing()
+
+    def detokenized(self, request_id: str) -> None:
+        trace = self._live.get(request_id)
+        if trace is not None:
+            trace.detokenized()
+
+    def finished(self, request_id: str, last: tokenizer_pb2.GenerateOutput) -> None:
+        trace = self._live.get(request_id)
+        if trace is not None:
+            trace.finish(last)
+
+    def failed(self, request_id: str, error: BaseException) -> None:
+        tracing.finish(self._tokenizing.pop(request_id, None), error)
+        trace = self._live.get(request_id)
+        if trace is not None:
+            trace.finish(None, error)
+
+    def aborted(self, request_id: str) -> None:
+        trace = self._live.get(request_id)
+        if trace is not None:
+            trace.finish(None, aborted=True)
+
+
+class RequestTrace:
+    """One request's spans. Registered in `live` (request id -> trace) until it ends."""
+
+    __slots__ = ("span", "_request_id", "_live", "_detokenize", "_busy_ns", "_clock_ns")
 
     def __init__(self, span: Span, request_id: str, live: dict[str, RequestTrace]) -> None:
         self.span = span
@@ -38,6 +93,7 @@ class RequestTrace:
         self._live = live
         self._detokenize: Span | None = None
         self._busy_ns = 0
+        self._clock_ns = 0
         live[request_id] = self
 
     @classmethod
@@ -55,9 +111,6 @@ class RequestTrace:
             span.set_attribute(attrs.CHOICE_ID, request.request_id)
         return cls(span, request.request_id, live)
 
-    def tokenizing(self) -> AbstractContextManager[Span | None]:
-        return tracing.child("tokenize", self.span)
-
     def tokenized(self, target: str, num_prompt_tokens: int) -> None:
         if self.span.is_recording():
             self.span.set_attribute("gen_ai.response.model", target)  # an alias's pick
@@ -66,14 +119,14 @@ class RequestTrace:
     def carrier(self) -> dict[str, str]:
         return tracing.carrier_of(self.span)
 
-    def detokenizing(self) -> int:
-        """Call before turning an output's ids into text; returns the clock for `detokenized`."""
+    def detokenizing(self) -> None:
+        """Before an output's ids become text (the first starts the `detokenize` span)."""
         if self._detokenize is None:
             self._detokenize = tracing.start_span("detokenize", self.span)
-        return time.perf_counter_ns()
+        self._clock_ns = time.perf_counter_ns()
 
-    def detokenized(self, started_ns: int) -> None:
-        self._busy_ns += time.perf_counter_ns() - started_ns
+    def detokenized(self) -> None:
+        self._busy_ns += time.perf_counter_ns() - self._clock_ns
 
     def finish(
         self,

@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
-from services.common import tracing
 from services.common.errors import (
     InvalidArgument,
     LayerserveError,
@@ -26,10 +25,11 @@ from services.tokenizer.alias_route import AliasRoute, LengthRoute, WeightedRout
 from services.tokenizer.loader import load_tokenizer
 from services.tokenizer.model_catalog import ModelCatalog, ServedModel, StackView
 from services.tokenizer.output_sink import OutputSink, error_output
-from services.tokenizer.request_trace import RequestTrace
+from services.tokenizer.request_events import RequestEvents, RequestListener
+from services.tokenizer.request_trace import RequestTracer
 from services.tokenizer.text_model import TextModel
 from services.tokenizer.text_stream import TextStream
-from services.tokenizer.tokenize_metrics import TOKENIZE_TIME
+from services.tokenizer.tokenize_metrics import TokenizeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         scheduler_address: str,
         threads: int,
         catalog_ttl: float = 2.0,
+        listeners: Iterable[RequestListener] | None = None,  # default: tracing and metrics
     ) -> None:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
         # Loading a tokenizer takes seconds: never in the pool that tokenizes prompts.
@@ -105,7 +106,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         )
         self._sessions: set[Outbox[GenerateOutput]] = set()
         self._draining = False
-        self._traces: dict[str, RequestTrace] = {}  # open requests' spans, when tracing
+        if listeners is None:
+            listeners = (RequestTracer(), TokenizeMetrics())
+        self._events = RequestEvents(listeners)
 
     def readiness(self) -> str | None:
         """Why this service cannot serve now (its tokenizers are loaded before it starts),
@@ -136,7 +139,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         ids = await loop.run_in_executor(self._pool, tokenize, model, msg)
-        TOKENIZE_TIME.labels(model_name).observe(time.monotonic() - started)
+        self._events.prompt_encoded(model_name, time.monotonic() - started)
         return ids
 
     async def _prepare(self, request) -> tuple[str, TextModel, list[int]]:
@@ -214,35 +217,26 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
     def _abort(self, request_id: str) -> None:
         self._mux.abort(request_id)
-        trace = self._traces.get(request_id)
-        if trace is not None:
-            trace.finish(None, aborted=True)
+        self._events.aborted(request_id)
 
     async def _start(self, request, outbox: Outbox, open_ids: set[str]) -> None:
         """Tokenizes off the event loop, then hands the request to the scheduler."""
         request_id = request.request_id
-        trace = RequestTrace.start(request, self._traces)  # None: not traced here
+        events = self._events
+        events.started(request)
         try:
-            with tracing.child("tokenize", None if trace is None else trace.span):
-                target, model, prompt_ids = await self._prepare(request)
-                check_prompt_length(len(prompt_ids), request.max_prompt_tokens)
+            target, model, prompt_ids = await self._prepare(request)
+            check_prompt_length(len(prompt_ids), request.max_prompt_tokens)
         except LayerserveError as err:
-            open_ids.discard(request_id)
-            outbox.put(error_output(request_id, err))
-            if trace is not None:
-                trace.finish(None, err)
+            self._fail(request_id, err, err, outbox, open_ids)
             return
         except Exception as exc:
             log.exception("tokenizing request %s failed", request_id)
-            open_ids.discard(request_id)
-            outbox.put(error_output(request_id, LayerserveError("tokenization failed")))
-            if trace is not None:
-                trace.finish(None, exc)
+            self._fail(request_id, LayerserveError("tokenization failed"), exc, outbox, open_ids)
             return
+        events.tokenized(request_id, target, len(prompt_ids))
         if request_id not in open_ids:
-            return  # aborted while tokenizing (_abort ended its trace)
-        if trace is not None:
-            trace.tokenized(target, len(prompt_ids))
+            return  # aborted while tokenizing
         stream = TextStream.create(
             model, prompt_ids, list(request.stop), request.skip_special_tokens
         )
@@ -255,10 +249,23 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             stop_token_ids=request.stop_token_ids,
             ignore_eos=request.ignore_eos,
             priority=request.priority,
-            trace=request.trace
-            if trace is None
-            else common_pb2.TraceContext(carrier=trace.carrier()),
+            trace=request.trace,
             tenant=request.tenant,
         )
-        sink = OutputSink(request_id, target, stream, outbox, open_ids, self._mux, trace)
+        events.submitting(request_id, submit)
+        sink = OutputSink(request_id, target, stream, outbox, open_ids, self._mux, events)
         self._mux.submit(request_id, submit, sink)
+
+    def _fail(
+        self,
+        request_id: str,
+        err: LayerserveError,
+        cause: BaseException,
+        outbox: Outbox,
+        open_ids: set[str],
+    ) -> None:
+        """Ends a request that could not be tokenized: `err` to the gateway, `cause` to the
+        listeners."""
+        open_ids.discard(request_id)
+        outbox.put(error_output(request_id, err))
+        self._events.failed(request_id, cause)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.common import metrics
+from services.tokenizer.request_events import RequestListener
 
 TOKENIZE_TIME = metrics.histogram(
     "tokenize_time_seconds",
@@ -11,3 +12,12 @@ TOKENIZE_TIME = metrics.histogram(
     metrics.STEP_BUCKETS,
     ("model",),
 )
+
+
+class TokenizeMetrics(RequestListener):
+    """The tokenizer's metrics, from its request events."""
+
+    __slots__ = ()
+
+    def prompt_encoded(self, model: str, seconds: float) -> None:
+        TOKENIZE_TIME.labels(model).observe(seconds)
