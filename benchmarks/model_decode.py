@@ -169,7 +169,7 @@ class _Batch:
         new = []
         for rid, prompt in zip(self.ids, prompts, strict=True):
             self.blocks[rid] = self._take(-(-len(prompt) // BLOCK_SIZE))
-            new.append(NewSequence(rid, prompt, len(prompt), 0, len(prompt), self.blocks[rid]))
+            new.append(NewSequence(rid, prompt, len(prompt), 0, len(prompt), [self.blocks[rid]]))
         self.tokens = [[] for _ in prompts]
         self._record(runner.execute(StepPlan(new=new)))
 
@@ -190,7 +190,7 @@ class _Batch:
         for i, rid in enumerate(self.ids):
             grow = self._take(1) if self.lens[i] > len(self.blocks[rid]) * BLOCK_SIZE else []
             self.blocks[rid].extend(grow)
-            running.append(RunningSequence(rid, 1, grow))
+            running.append(RunningSequence(rid, 1, [grow]))
         self._record(self.runner.execute(StepPlan(running=running)))
 
     def finish(self) -> None:

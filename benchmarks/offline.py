@@ -41,15 +41,12 @@ def to_plan(step: ScheduledStep) -> StepPlan:
                 r.num_prompt_tokens,
                 r.num_computed_tokens - n,
                 n,
-                list(r.block_ids),
+                [list(table) for table in r.block_tables],
                 r.sampling,
-                [list(table) for table in r.block_tables[1:]],
             )
             for r, n in step.new
         ],
-        running=[
-            RunningSequence(r.request_id, n, blocks[0], blocks[1:]) for r, n, blocks in step.running
-        ],
+        running=[RunningSequence(r.request_id, n, blocks) for r, n, blocks in step.running],
         finished_ids=step.finished_ids,
     )
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from benchmarks.machine import load_average, machine
 from services.tokenizer.loader import load_tokenizer
-from services.worker.attention import AttentionMetadata
+from services.worker.attention import StepAttention
 from services.worker.kv_cache import PagedKVCache
 from services.worker.model.loader import LoadedModel, default_path, load_model
 from services.worker.model.quant import Int8Weight, default_kernel, quantize_loaded, weight_bytes
@@ -83,7 +83,7 @@ class StaticBatch:
         self.runner = ModelRunner(loaded, cache, max_model_len=4096, model_name="bench")
         self.ids = [f"s{i}" for i in range(len(prompts))]
         new = [
-            NewSequence(rid, p, len(p), 0, len(p), list(range(i * per_seq, (i + 1) * per_seq)))
+            NewSequence(rid, p, len(p), 0, len(p), [list(range(i * per_seq, (i + 1) * per_seq))])
             for i, (rid, p) in enumerate(zip(self.ids, prompts, strict=True))
         ]
         sampled = self.runner.execute(StepPlan(new=new))
@@ -93,7 +93,7 @@ class StaticBatch:
         """Runs `steps` decode steps; returns their seconds."""
         started = time.perf_counter()
         for _ in range(steps):
-            plan = StepPlan(running=[RunningSequence(rid, 1) for rid in self.ids])
+            plan = StepPlan(running=[RunningSequence(rid, 1, [[]]) for rid in self.ids])
             for s in self.runner.execute(plan):
                 self.outputs[s.request_id].append(s.token_id)
         return time.perf_counter() - started
@@ -130,7 +130,7 @@ def text_logits(loaded: LoadedModel, ids: list[int]) -> torch.Tensor:
     blocks = list(range(-(-len(ids) // BLOCK_SIZE)))
     dtype = loaded.model.embed_tokens.dtype
     cache = PagedKVCache(loaded.config, len(blocks), BLOCK_SIZE, dtype, CPU)
-    attn = AttentionMetadata.build([len(ids)], [len(ids)], [blocks], BLOCK_SIZE, CPU)
+    attn = StepAttention.build([len(ids)], [len(ids)], [[blocks]], BLOCK_SIZE, CPU)
     hidden = loaded.model(torch.tensor(ids), attn.positions, attn, cache)  # [T, d]
     return loaded.model.compute_logits(hidden)
 

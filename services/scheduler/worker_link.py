@@ -50,10 +50,9 @@ def step_to_proto(
                 num_prompt_tokens=request.num_prompt_tokens,
                 num_computed_tokens=request.num_computed_tokens - num_new,
                 num_new_tokens=num_new,
-                block_ids=request.block_ids,
                 sampling=request.sampling.to_proto(),
                 trace=common_pb2.TraceContext(carrier=request.trace_context),
-                group_block_tables=_block_tables(request.block_tables[1:]),
+                block_tables=_block_tables(request.block_tables),
             )
         )
     for request, num_new, new_blocks in step.running:
@@ -61,8 +60,7 @@ def step_to_proto(
             worker_pb2.RunningSequence(
                 request_id=request.request_id,
                 num_new_tokens=num_new,
-                new_block_ids=new_blocks[0],
-                group_new_block_ids=_block_tables(new_blocks[1:]),
+                new_block_tables=_block_tables(new_blocks),
             )
         )
     if trace is not None:
@@ -71,7 +69,7 @@ def step_to_proto(
 
 
 def _block_tables(tables: list[list[int]]) -> list[worker_pb2.BlockTable]:
-    """KV cache groups 1, 2, ... on the wire (none for a worker with one group)."""
+    """One table per KV cache group, on the wire."""
     return [worker_pb2.BlockTable(block_ids=table) for table in tables]
 
 

@@ -51,9 +51,6 @@ class AttentionMetadata:
     context_lens_device: torch.Tensor | None = None  # [S] int64, triton path only
     max_query_len: int = 0
     max_context_len: int = 0
-    # The same layout for KV cache groups 1, 2, ... (kv_cache.py), each through its own block
-    # tables; empty with one group.
-    groups: tuple[AttentionMetadata, ...] = ()
 
     @classmethod
     def build(
@@ -64,17 +61,11 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device,
         kernels: str = "torch",
-        group_block_tables: list[list[list[int]]] | None = None,
     ) -> AttentionMetadata:
         """Lays out S sequences; each block table must cover its context (checked by the caller).
 
-        group_block_tables: per KV cache group 1, 2, ..., the S block tables of that group; -1
-        entries (blocks a sliding-window group dropped) read block 0, which the window masks.
+        -1 entries (blocks a sliding-window group dropped) read block 0, which the window masks.
         The torch path's decode group and prefill masks are built only for kernels="torch"."""
-        groups = tuple(
-            cls.build(query_lens, context_lens, tables, block_size, device, kernels)
-            for tables in group_block_tables or ()
-        )
         starts = [0]
         for length in query_lens:
             starts.append(starts[-1] + length)
@@ -108,16 +99,57 @@ class AttentionMetadata:
             context_lens_device=device_lens,
             max_query_len=max(query_lens),
             max_context_len=max(context_lens),
-            groups=groups,
         )
 
     @property
     def num_tokens(self) -> int:
         return int(sum(self.query_lens))
 
+
+@dataclass(frozen=True, slots=True)
+class StepAttention:
+    """One step's layout as every KV cache group (kv_cache.py) sees it: the same sequences and
+    tokens, each group through its own block tables. A layer of group g reads groups[g]."""
+
+    groups: tuple[AttentionMetadata, ...]
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[list[int]]],
+        block_size: int,
+        device: torch.device,
+        kernels: str = "torch",
+    ) -> StepAttention:
+        """block_tables: per KV cache group, the S block tables of that group."""
+        return cls(
+            tuple(
+                AttentionMetadata.build(
+                    query_lens, context_lens, tables, block_size, device, kernels
+                )
+                for tables in block_tables
+            )
+        )
+
     def for_group(self, group: int) -> AttentionMetadata:
-        """The metadata addressing KV cache group `group`'s blocks (0: this one)."""
-        return self if group == 0 else self.groups[group - 1]
+        """The metadata addressing KV cache group `group`'s blocks."""
+        return self.groups[group]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """[T] int64: position of each new token in its sequence (the same in every group)."""
+        return self.groups[0].positions
+
+    @property
+    def query_start(self) -> torch.Tensor:
+        """[S + 1] int64: the rows each sequence owns (the same in every group)."""
+        return self.groups[0].query_start
+
+    @property
+    def kernels(self) -> str:
+        return self.groups[0].kernels
 
 
 def _positions(query_lens: list[int], context_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

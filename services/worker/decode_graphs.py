@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from services.worker.attention import AttentionMetadata
+from services.worker.attention import AttentionMetadata, StepAttention
 from services.worker.kv_cache import PagedKVCache
 
 log = logging.getLogger(__name__)
@@ -174,12 +174,13 @@ class DecodeGraphs:
             self._context_lens[batch:size].fill_(1)
             self._block_tables[batch:size, 0].zero_()
 
-    def _metadata(self, size: int, max_context_len: int | None = None) -> AttentionMetadata:
-        """The attention layout every captured step of this size shares: views of the buffers.
+    def _metadata(self, size: int, max_context_len: int | None = None) -> StepAttention:
+        """The attention layout every captured step of this size shares: views of the buffers
+        (one KV cache group: the runner captures graphs only for one-group models).
 
         max_context_len bounds the contexts; captured graphs take max_model_len."""
         longest = max_context_len or self._max_model_len
-        return AttentionMetadata(
+        group = AttentionMetadata(
             query_start=self._query_start[: size + 1],
             query_lens=[1] * size,
             context_lens=[longest] * size,
@@ -194,3 +195,4 @@ class DecodeGraphs:
             max_query_len=1,
             max_context_len=longest,
         )
+        return StepAttention((group,))

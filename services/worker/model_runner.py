@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from services.worker.attention import AttentionMetadata
+from services.worker.attention import StepAttention
 from services.worker.decode_graphs import DecodeGraphs
 from services.worker.kernel_choice import check_kernel_device, resolve_kernels
 from services.worker.kv_cache import (
@@ -234,18 +234,15 @@ class ModelRunner:
                 token_ids=list(seq.token_ids),
                 num_prompt_tokens=seq.num_prompt_tokens,
                 num_computed=seq.num_computed_tokens,
-                block_ids=list(seq.block_ids),
+                block_tables=[list(table) for table in seq.block_tables],
                 sampling=seq.sampling,
-                group_block_ids=[list(table) for table in seq.group_block_ids],
             )
             self._requests[seq.request_id] = state
             scheduled.append(_Scheduled(state, seq.num_new_tokens))
         for diff in plan.running:
             state = self._requests[diff.request_id]
-            state.block_ids.extend(diff.new_block_ids)
-            appended = diff.group_new_block_ids
-            for table, new_blocks in zip(state.group_block_ids, appended, strict=True):
-                table.extend(new_blocks)
+            for table, appended in zip(state.block_tables, diff.new_block_tables, strict=True):
+                table.extend(appended)
             scheduled.append(_Scheduled(state, diff.num_new_tokens))
         return [item for item in scheduled if item.num_new > 0]
 
@@ -277,17 +274,16 @@ class ModelRunner:
         for item in scheduled:
             start = item.state.num_computed
             input_ids.extend(item.state.token_ids[start : start + item.num_new])
-        attn = AttentionMetadata.build(
+        attn = StepAttention.build(
             query_lens=[item.num_new for item in scheduled],
             context_lens=[item.state.num_computed + item.num_new for item in scheduled],
-            block_tables=[item.state.block_ids for item in scheduled],
+            block_tables=[
+                [item.state.block_tables[group] for item in scheduled]
+                for group in range(len(self._cache.groups))
+            ],
             block_size=self._cache.block_size,
             device=self._device,
             kernels=self._kernels,
-            group_block_tables=[
-                [item.state.group_block_ids[g] for item in scheduled]
-                for g in range(len(self._cache.groups) - 1)
-            ],
         )
         tokens = torch.tensor(input_ids, dtype=torch.int64, device=self._device)
         hidden = self._model(tokens, attn.positions, attn, self._cache)  # [T, d]
@@ -329,7 +325,7 @@ def _decode_with_graphs(graphs: DecodeGraphs, scheduled: list[_Scheduled]) -> to
         input_ids=[s.token_ids[s.num_computed] for s in states],
         positions=[s.num_computed for s in states],
         context_lens=[s.num_computed + 1 for s in states],
-        block_tables=[s.block_ids for s in states],
+        block_tables=[s.block_tables[0] for s in states],  # graphs run one-group models only
     )
 
 

@@ -17,10 +17,10 @@ class NewSequence:
     num_prompt_tokens: int
     num_computed_tokens: int  # KV already in the cache (reused prefix); compute starts here
     num_new_tokens: int  # tokens to compute this step
-    block_ids: list[int]  # block table, in sequence order
+    # Per KV cache group (kv_cache.py), its block table in sequence order; -1 = a block a
+    # sliding-window group dropped.
+    block_tables: list[list[int]]
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
-    # Block tables of KV cache groups 1, 2, ... (kv_cache.py); -1 = dropped by a sliding group.
-    group_block_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -29,8 +29,7 @@ class RunningSequence:
 
     request_id: str
     num_new_tokens: int
-    new_block_ids: list[int] = field(default_factory=list)
-    group_new_block_ids: list[list[int]] = field(default_factory=list)  # groups 1, 2, ...
+    new_block_tables: list[list[int]]  # per KV cache group, the blocks appended to its table
 
 
 @dataclass(slots=True)

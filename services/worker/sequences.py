@@ -4,7 +4,7 @@ pass before a step touches that state or the KV cache."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingOptions
@@ -17,18 +17,12 @@ class SequenceState:
     token_ids: list[int]  # prompt, then every token generated so far (sampled ones appended)
     num_prompt_tokens: int
     num_computed: int  # tokens whose K/V are in the cache
-    block_ids: list[int]  # block table, in sequence order
+    block_tables: list[list[int]]  # per KV cache group, its block table in sequence order
     sampling: SamplingOptions
-    group_block_ids: list[list[int]] = field(default_factory=list)  # KV cache groups 1, 2, ...
 
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
-
-    @property
-    def block_tables(self) -> list[list[int]]:
-        """Its block table in every KV cache group, group 0 first."""
-        return [self.block_ids, *self.group_block_ids]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +67,8 @@ def _check_new(seq: NewSequence, limits: PlanLimits) -> None:
         seq.sampling.validate()
     except InvalidArgument as err:
         raise ValueError(f"{rid!r}: {err.message}") from None
-    _check_group_count(rid, len(seq.group_block_ids), limits)
-    tables = [(0, table) for table in (seq.block_ids, *seq.group_block_ids)]
+    _check_group_count(rid, len(seq.block_tables), limits)
+    tables = [(0, table) for table in seq.block_tables]
     _check_extent(rid, seq.num_computed_tokens, seq.num_new_tokens, known, tables, limits)
 
 
@@ -82,19 +76,18 @@ def _check_running(diff: RunningSequence, state: SequenceState, limits: PlanLimi
     rid = diff.request_id
     if diff.num_new_tokens < 0:
         raise ValueError(f"{rid!r}: negative num_new_tokens {diff.num_new_tokens}")
-    _check_group_count(rid, len(diff.group_new_block_ids), limits)
-    appended = [diff.new_block_ids, *diff.group_new_block_ids]
+    _check_group_count(rid, len(diff.new_block_tables), limits)
     # The held blocks were checked when they arrived: each step checks only what it appends.
-    tables = [(len(held), new) for held, new in zip(state.block_tables, appended, strict=True)]
+    appended = zip(state.block_tables, diff.new_block_tables, strict=True)
+    tables = [(len(held), new) for held, new in appended]
     known = len(state.token_ids)
     _check_extent(rid, state.num_computed, diff.num_new_tokens, known, tables, limits)
 
 
-def _check_group_count(rid: str, num_group_tables: int, limits: PlanLimits) -> None:
-    if num_group_tables != len(limits.windows) - 1:
+def _check_group_count(rid: str, num_tables: int, limits: PlanLimits) -> None:
+    if num_tables != len(limits.windows):
         raise ValueError(
-            f"{rid!r}: {num_group_tables} block tables for KV cache groups 1.., "
-            f"expected {len(limits.windows) - 1}"
+            f"{rid!r}: {num_tables} block tables for {len(limits.windows)} KV cache groups"
         )
 
 

@@ -50,9 +50,8 @@ def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
                 num_prompt_tokens=s.num_prompt_tokens,
                 num_computed_tokens=s.num_computed_tokens,
                 num_new_tokens=s.num_new_tokens,
-                block_ids=list(s.block_ids),
+                block_tables=[list(t.block_ids) for t in s.block_tables],
                 sampling=SamplingOptions.from_proto(s.sampling),
-                group_block_ids=[list(t.block_ids) for t in s.group_block_tables],
             )
             for s in msg.new_sequences
         ],
@@ -60,8 +59,7 @@ def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
             RunningSequence(
                 s.request_id,
                 s.num_new_tokens,
-                list(s.new_block_ids),
-                [list(t.block_ids) for t in s.group_new_block_ids],
+                [list(t.block_ids) for t in s.new_block_tables],
             )
             for s in msg.running
         ],

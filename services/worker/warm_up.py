@@ -37,8 +37,7 @@ def warm_up(runner: _Executes) -> None:
                     num_prompt_tokens=num_tokens,
                     num_computed_tokens=0,
                     num_new_tokens=num_tokens,
-                    block_ids=[0],
-                    group_block_ids=[[0] for _ in runner.kv_cache_groups[1:]],
+                    block_tables=[[0] for _ in runner.kv_cache_groups or [None]],
                 )
             ]
         )

@@ -39,10 +39,9 @@ STEP = {
     "NewSequence.num_prompt_tokens": _COUNTS,
     "NewSequence.num_computed_tokens": _COUNTS,
     "NewSequence.num_new_tokens": _COUNTS,
-    "NewSequence.block_ids": _BLOCK_IDS,
+    "BlockTable.block_ids": _BLOCK_IDS,
     "RunningSequence.request_id": REQUEST_IDS,
     "RunningSequence.num_new_tokens": _COUNTS,
-    "RunningSequence.new_block_ids": _BLOCK_IDS,
     "StepRequest.finished_ids": st.lists(REQUEST_IDS, max_size=2),
 }
 
@@ -64,8 +63,8 @@ def plausible_steps(draw: st.DrawFn) -> list[worker_pb2.StepRequest]:
             token_ids=draw(st.lists(st.integers(0, 49151), min_size=length, max_size=length)),
             num_prompt_tokens=draw(st.integers(1, length)),
             num_new_tokens=length,
-            block_ids=[free.pop() for _ in range(-(-(length + 3) // BLOCK_SIZE))],
         )
+        seq.block_tables.add(block_ids=[free.pop() for _ in range(-(-(length + 3) // BLOCK_SIZE))])
         sampling = draw(SAMPLING)
         if sampling is not None:
             seq.sampling.CopyFrom(sampling)
@@ -73,17 +72,19 @@ def plausible_steps(draw: st.DrawFn) -> list[worker_pb2.StepRequest]:
     for step_id in range(2, draw(st.integers(1, 4)) + 1):
         step = worker_pb2.StepRequest(step_id=step_id)
         for name in dict.fromkeys(names):
-            step.running.add(request_id=name, num_new_tokens=1)
+            step.running.add(request_id=name, num_new_tokens=1).new_block_tables.add()
         steps.append(step)
     broken = draw(_BREAKS)
     if broken is not None:
         seq = first.new_sequences[0]
-        seq.ClearField(broken)
+        # block_ids: the table of the worker's one KV cache group.
+        target = seq.block_tables[0] if broken == "block_ids" else seq
+        target.ClearField(broken)
         value = draw(_COUNTS)
         if broken.endswith("_ids"):
-            getattr(seq, broken).append(value)
+            getattr(target, broken).append(value)
         else:
-            setattr(seq, broken, value)
+            setattr(target, broken, value)
     return steps
 
 
@@ -129,8 +130,8 @@ def test_worker_answers_every_step_cleanly(worker, steps):
 def test_worker_still_samples_after_fuzzing(worker):
     step = worker_pb2.StepRequest(step_id=1)
     step.new_sequences.add(
-        request_id="sane", token_ids=[1, 2, 3], num_prompt_tokens=3, num_new_tokens=3, block_ids=[0]
-    )
+        request_id="sane", token_ids=[1, 2, 3], num_prompt_tokens=3, num_new_tokens=3
+    ).block_tables.add(block_ids=[0])
     (result,) = _run_steps(worker, [step])
     assert not result.HasField("error"), result.error.message
     assert [s.request_id for s in result.sampled] == ["sane"]

@@ -54,40 +54,36 @@ class BlockTable(_message.Message):
     def __init__(self, block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NewSequence(_message.Message):
-    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_new_tokens", "block_ids", "sampling", "trace", "group_block_tables")
+    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_new_tokens", "sampling", "trace", "block_tables")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
-    GROUP_BLOCK_TABLES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TABLES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_prompt_tokens: int
     num_computed_tokens: int
     num_new_tokens: int
-    block_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     trace: _common_pb2.TraceContext
-    group_block_tables: _containers.RepeatedCompositeFieldContainer[BlockTable]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., group_block_tables: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ...) -> None: ...
+    block_tables: _containers.RepeatedCompositeFieldContainer[BlockTable]
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., block_tables: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ...) -> None: ...
 
 class RunningSequence(_message.Message):
-    __slots__ = ("request_id", "num_new_tokens", "new_block_ids", "trace", "group_new_block_ids")
+    __slots__ = ("request_id", "num_new_tokens", "trace", "new_block_tables")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
-    GROUP_NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    NEW_BLOCK_TABLES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_new_tokens: int
-    new_block_ids: _containers.RepeatedScalarFieldContainer[int]
     trace: _common_pb2.TraceContext
-    group_new_block_ids: _containers.RepeatedCompositeFieldContainer[BlockTable]
-    def __init__(self, request_id: _Optional[str] = ..., num_new_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., group_new_block_ids: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ...) -> None: ...
+    new_block_tables: _containers.RepeatedCompositeFieldContainer[BlockTable]
+    def __init__(self, request_id: _Optional[str] = ..., num_new_tokens: _Optional[int] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., new_block_tables: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("step_id", "new_sequences", "running", "finished_ids", "trace")

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.worker.attention import AttentionMetadata, paged_attention, write_kv
+from services.worker.attention import StepAttention, paged_attention, write_kv
 from services.worker.kv_cache import PagedKVCache
 from services.worker.model.gemma3_config import FULL, SLIDING, Gemma3Config
 from services.worker.model.llama import apply_rotary
@@ -83,7 +83,7 @@ class Gemma3Attention(nn.Module):
         self,
         x: torch.Tensor,
         rotary: tuple[torch.Tensor, torch.Tensor],
-        attn: AttentionMetadata,
+        attn: StepAttention,
         kv_cache: PagedKVCache,
     ) -> torch.Tensor:
         """x: [T, d] (normed), rotary: this layer type's cos/sin [T, 1, D] -> [T, d]."""
@@ -95,9 +95,9 @@ class Gemma3Attention(nn.Module):
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         if self.q_scale != 1.0:
             q = q * self.q_scale
-        attn = attn.for_group(kv_cache.group_of(self.layer))
-        write_kv(kv_cache, self.layer, k, v, attn)
-        out = paged_attention(q, kv_cache.layer(self.layer), attn, window=self.window)
+        group = attn.for_group(kv_cache.group_of(self.layer))
+        write_kv(kv_cache, self.layer, k, v, group)
+        out = paged_attention(q, kv_cache.layer(self.layer), group, window=self.window)
         return F.linear(out.reshape(tokens, self.q_size), self.o_proj)
 
 
@@ -130,7 +130,7 @@ class Gemma3DecoderLayer(nn.Module):
         self,
         x: torch.Tensor,
         rotary: tuple[torch.Tensor, torch.Tensor],
-        attn: AttentionMetadata,
+        attn: StepAttention,
         cache: PagedKVCache,
     ) -> torch.Tensor:
         """Sandwich-norm residual block: x [T, d] -> [T, d]."""
@@ -176,7 +176,7 @@ class Gemma3Model(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        attn: AttentionMetadata,
+        attn: StepAttention,
         kv_cache: PagedKVCache,
     ) -> torch.Tensor:
         """input_ids, positions: [T] (several sequences flattened) -> final-normed hidden [T, d]."""

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.worker.attention import AttentionMetadata, paged_attention, write_kv
+from services.worker.attention import StepAttention, paged_attention, write_kv
 from services.worker.kv_cache import PagedKVCache
 from services.worker.model.config import LlamaConfig, rope_inv_freq
 from services.worker.model.weights import copy_hf_weights
@@ -87,7 +87,7 @@ class LlamaAttention(nn.Module):
         self,
         x: torch.Tensor,
         rotary: tuple[torch.Tensor, torch.Tensor],
-        attn: AttentionMetadata,
+        attn: StepAttention,
         kv_cache: PagedKVCache,
     ) -> torch.Tensor:
         """x: [T, d] (normed) -> [T, d]. rotary: cos/sin [T, 1, D] of each token, or with
@@ -105,9 +105,9 @@ class LlamaAttention(nn.Module):
         else:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         # New K/V go into the cache first, so every query attends only through the cache.
-        attn = attn.for_group(kv_cache.group_of(self.layer))
-        write_kv(kv_cache, self.layer, k, v, attn)
-        out = paged_attention(q, kv_cache.layer(self.layer), attn)  # [T, H, D]
+        group = attn.for_group(kv_cache.group_of(self.layer))
+        write_kv(kv_cache, self.layer, k, v, group)
+        out = paged_attention(q, kv_cache.layer(self.layer), group)  # [T, H, D]
         return F.linear(out.reshape(tokens, self.q_size), self.o_proj)
 
 
@@ -143,7 +143,7 @@ class LlamaDecoderLayer(nn.Module):
         self,
         x: torch.Tensor,
         rotary: tuple[torch.Tensor, torch.Tensor],
-        attn: AttentionMetadata,
+        attn: StepAttention,
         cache: PagedKVCache,
     ) -> torch.Tensor:
         """Pre-norm residual block: x [T, d] -> [T, d]."""
@@ -181,7 +181,7 @@ class LlamaModel(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        attn: AttentionMetadata,
+        attn: StepAttention,
         kv_cache: PagedKVCache,
     ) -> torch.Tensor:
         """input_ids, positions: [T] (several sequences flattened) -> final-normed hidden [T, d].

@@ -103,23 +103,20 @@ def test_step_messages_carry_every_groups_blocks_with_dropped_ones_as_minus_one(
     sched.add(make_request("a", PROMPT[:10], max_tokens=12))
     step = sched.schedule()
     (seq,) = step_to_proto(step, 1).new_sequences
-    assert list(seq.block_ids) == [0, 1, 2]
-    assert [list(t.block_ids) for t in seq.group_block_tables] == [[3, 4, 5]]
+    assert [list(t.block_ids) for t in seq.block_tables] == [[0, 1, 2], [3, 4, 5]]
     finish_step(sched, step)
     step = sched.schedule()  # token 11 fits in block 2: nothing appended, one entry per group
     (running,) = step_to_proto(step, 2).running
-    assert list(running.new_block_ids) == [] and len(running.group_new_block_ids) == 1
-    assert list(running.group_new_block_ids[0].block_ids) == []
+    assert [list(t.block_ids) for t in running.new_block_tables] == [[], []]
     finish_step(sched, step)
     run_step(sched)
     step = sched.schedule()  # token 13 opens block 3; the query at 12 reads 5..12: block 0 goes
     (running,) = step_to_proto(step, 4).running
-    assert list(running.new_block_ids) == [6]
-    assert [list(t.block_ids) for t in running.group_new_block_ids] == [[7]]
+    assert [list(t.block_ids) for t in running.new_block_tables] == [[6], [7]]
     assert sched.requests["a"].block_tables == [[0, 1, 2, 6], [-1, 4, 5, 7]]
 
 
-def test_one_group_sends_the_messages_it_always_sent():
+def test_one_group_sends_one_table_per_sequence():
     sched = make_scheduler(num_blocks=32)
     sched.add(make_request("a", PROMPT[:10], max_tokens=12))
     step = sched.schedule()
@@ -130,7 +127,7 @@ def test_one_group_sends_the_messages_it_always_sent():
         token_ids=PROMPT[:10],
         num_prompt_tokens=10,
         num_new_tokens=10,
-        block_ids=[0, 1, 2],
+        block_tables=[worker_pb2.BlockTable(block_ids=[0, 1, 2])],
         sampling=SamplingOptions().to_proto(),
     ).trace.SetInParent()
     assert msg.SerializeToString() == expected.SerializeToString()
@@ -138,7 +135,9 @@ def test_one_group_sends_the_messages_it_always_sent():
     for _ in range(2):
         run_step(sched)
     expected = worker_pb2.StepRequest(step_id=4)
-    expected.running.add(request_id="a", num_new_tokens=1, new_block_ids=[3])
+    expected.running.add(
+        request_id="a", num_new_tokens=1, new_block_tables=[worker_pb2.BlockTable(block_ids=[3])]
+    )
     assert step_to_proto(sched.schedule(), 4).SerializeToString() == expected.SerializeToString()
 
 
@@ -158,7 +157,7 @@ def test_a_shared_prefix_longer_than_the_window_reuses_only_the_sliding_blocks_i
     assert b.block_tables == [[0, 1, 2, 3, 4, 5, 12], [-1, -1, -1, -1, 10, 11, 13]]
     (seq,) = step_to_proto(step, 2).new_sequences
     assert seq.num_computed_tokens == 24
-    assert list(seq.group_block_tables[0].block_ids) == [-1, -1, -1, -1, 10, 11, 13]
+    assert list(seq.block_tables[1].block_ids) == [-1, -1, -1, -1, 10, 11, 13]
     # The sliding blocks before the window stay cached and evictable for other prefixes.
     assert sched.kv.pool.num_free == 16 - 7 - 3
     finish_step(sched, step)

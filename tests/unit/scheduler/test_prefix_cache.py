@@ -35,7 +35,7 @@ def test_a_finished_requests_full_blocks_serve_the_next_request_with_that_prefix
     assert b.num_cached_tokens == 8
     (seq,) = step_to_proto(step, 1).new_sequences
     assert seq.num_computed_tokens == 8 and seq.num_new_tokens == 4
-    assert list(seq.block_ids) == [0, 1, 3]
+    assert [list(t.block_ids) for t in seq.block_tables] == [[0, 1, 3]]
     (result,) = finish_step(sched, step)
     assert output_for(*result).cached_tokens == 8
     assert (sched.num_prefix_query_tokens, sched.num_prefix_hit_tokens) == (22, 8)

@@ -20,17 +20,12 @@ class Tracked:
     num_prompt_tokens: int
     sampling: SamplingOptions
     num_computed: int = 0
-    block_ids: list[int] = field(default_factory=list)
-    group_block_ids: list[list[int]] = field(default_factory=list)  # KV cache groups 1, 2, ...
+    tables: list[list[int]] = field(default_factory=list)  # per KV cache group
     sent: bool = False  # the worker holds it
 
     @property
     def output(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
-
-    @property
-    def tables(self) -> list[list[int]]:
-        return [self.block_ids, *self.group_block_ids]
 
 
 class Driver:
@@ -51,17 +46,13 @@ class Driver:
         prompt: list[int],
         sampling: SamplingOptions | None = None,
         *,
-        cached_blocks: list[int] | None = None,
+        cached_tables: list[list[int]] | None = None,
         num_cached: int = 0,
-        cached_group_blocks: list[list[int]] | None = None,
     ) -> None:
-        """Queues a prompt; cached_blocks (and cached_group_blocks, for groups 1, 2, ...)
-        already hold the K/V of its first num_cached tokens."""
+        """Queues a prompt; cached_tables (one per KV cache group) already hold the K/V of its
+        first num_cached tokens."""
         seq = Tracked(request_id, list(prompt), len(prompt), sampling or SamplingOptions())
-        seq.block_ids = list(cached_blocks or [])
-        seq.group_block_ids = [list(t) for t in cached_group_blocks or []] or [
-            [] for _ in self.windows[1:]
-        ]
+        seq.tables = [list(t) for t in cached_tables or [[] for _ in self.windows]]
         seq.num_computed = num_cached
         self.seqs[request_id] = seq
 
@@ -73,8 +64,7 @@ class Driver:
         """Frees the request's blocks; it is re-sent in full (prompt + output) later."""
         seq = self.seqs[request_id]
         self.free.extend(b for table in seq.tables for b in table if b != -1)
-        seq.block_ids, seq.num_computed, seq.sent = [], 0, False
-        seq.group_block_ids = [[] for _ in self.windows[1:]]
+        seq.tables, seq.num_computed, seq.sent = [[] for _ in self.windows], 0, False
         self.to_forget.append(request_id)
 
     def _drop_outside_windows(self, seq: Tracked) -> None:
@@ -110,14 +100,12 @@ class Driver:
             if not seq.sent:
                 plan.new.append(
                     NewSequence(seq.request_id, list(seq.token_ids), seq.num_prompt_tokens,
-                                seq.num_computed, num_new, list(seq.block_ids), seq.sampling,
-                                [list(t) for t in seq.group_block_ids])
+                                seq.num_computed, num_new, [list(t) for t in seq.tables],
+                                seq.sampling)
                 )  # fmt: skip
                 seq.sent = True
             else:
-                plan.running.append(
-                    RunningSequence(seq.request_id, num_new, new_blocks[0], new_blocks[1:])
-                )
+                plan.running.append(RunningSequence(seq.request_id, num_new, new_blocks))
             seq.num_computed += num_new
         return plan
 

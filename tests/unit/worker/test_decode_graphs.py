@@ -110,7 +110,7 @@ def test_padding_rows_write_no_kv(tiny: LoadedModel, prompts: list[list[int]]) -
     written = {(int(b), int(o)) for b, o in changed.nonzero().tolist()}
     expected = set()
     for i, prompt in enumerate(prompts):
-        blocks, pos = driver.seqs[f"r{i}"].block_ids, len(prompt)
+        (blocks,), pos = driver.seqs[f"r{i}"].tables, len(prompt)
         expected.add((blocks[pos // BLOCK_SIZE], pos % BLOCK_SIZE))
     assert written == expected
 

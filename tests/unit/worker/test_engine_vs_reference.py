@@ -89,9 +89,9 @@ def test_prefix_reuse_matches_scratch(
     driver = Driver(make_runner(block_size=16))
     driver.add("first", prompts[-1])
     driver.run(NEW_TOKENS)
-    shared = driver.seqs["first"].block_ids[:3]  # 48 tokens, all of them prompt
+    shared = driver.seqs["first"].tables[0][:3]  # 48 tokens, all of them prompt
     follower = prompts[-1][:48] + prompts[3][:10]
-    driver.add("second", follower, cached_blocks=shared, num_cached=48)
+    driver.add("second", follower, cached_tables=[shared], num_cached=48)
     first_plan = driver.plan(NEW_TOKENS)
     assert first_plan.new[0].num_computed_tokens == 48 and first_plan.new[0].num_new_tokens == 10
     driver.seqs["second"].token_ids.append(driver.runner.execute(first_plan)[0].token_id)

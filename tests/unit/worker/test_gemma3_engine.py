@@ -86,8 +86,8 @@ def test_engine_equals_dense_reference(gemma: LoadedModel, prompts: list[list[in
     outputs = driver.run(NEW_TOKENS)
     for i in range(len(prompts)):
         assert outputs[f"r{i}"] == expected[i], f"prompt {i}"
-    long_tables = driver.seqs[f"r{len(prompts) - 1}"].group_block_ids
-    assert all(table[:8] == [-1] * 8 for table in long_tables), "blocks behind the window"
+    _, *sliding_tables = driver.seqs[f"r{len(prompts) - 1}"].tables
+    assert all(table[:8] == [-1] * 8 for table in sliding_tables), "blocks behind the window"
     runner.execute(StepPlan(finished_ids=list(outputs)))
     assert len({tuple(e) for e in expected}) > 4, "the prompts should lead to different text"
 

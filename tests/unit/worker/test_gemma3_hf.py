@@ -13,7 +13,7 @@ import torch
 
 from benchmarks.offline import OfflineEngine
 from services.scheduler.scheduler import SchedulerLimits
-from services.worker.attention import AttentionMetadata
+from services.worker.attention import StepAttention
 from services.worker.gemma3_reference import dense_hidden, dense_logits
 from services.worker.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.model.gemma3 import Gemma3Model
@@ -74,9 +74,8 @@ def test_paged_engine_matches_transformers(tiny: tuple[Any, LoadedModel]) -> Non
     logits = []
     with torch.inference_mode():
         for start, end in ((0, 7), (7, 12), (12, 13)):
-            attn = AttentionMetadata.build(
-                [end - start], [end], [table[: -(-end // BLOCK)]], BLOCK, torch.device("cpu")
-            )
+            tables = [[table[: -(-end // BLOCK)]]]  # one KV cache group, one sequence
+            attn = StepAttention.build([end - start], [end], tables, BLOCK, torch.device("cpu"))
             ids = torch.tensor(TOKENS[start:end])
             logits.append(model.compute_logits(model(ids, attn.positions, attn, cache)))
     torch.testing.assert_close(torch.cat(logits), _hf_logits(hf), atol=1e-4, rtol=1e-4)
@@ -121,7 +120,7 @@ def test_grouped_cache_frees_sliding_blocks_and_generates_the_same_tokens(
             len(sliding) - len(kept)
         )
         assert len(kept) <= 2, "a window of 4 tokens spans at most 2 blocks of 4"
-    full_blocks = sum(len(s.block_ids) for s in driver.seqs.values())  # 11
+    full_blocks = sum(len(s.tables[0]) for s in driver.seqs.values())  # 11
     assert driver.num_held <= full_blocks + 2 * len(prompts) < 2 * full_blocks
 
 

@@ -72,7 +72,7 @@ LIMITS = PlanLimits(block_size=4, num_blocks=16, max_model_len=64, vocab_size=10
 
 def _new(computed: int, full: list[int], sliding: list[int], new: int = 2) -> StepPlan:
     tokens = list(range(1, computed + new + 1))
-    seq = NewSequence("r", tokens, len(tokens), computed, new, full, group_block_ids=[sliding])
+    seq = NewSequence("r", tokens, len(tokens), computed, new, [full, sliding])
     return StepPlan(new=[seq])
 
 
@@ -91,10 +91,10 @@ def test_a_sliding_group_may_drop_blocks_before_the_first_querys_window_only() -
 
 def test_plans_must_carry_a_table_for_every_group() -> None:
     plan = _new(0, [0], [1])
-    plan.new[0].group_block_ids = []
-    with pytest.raises(ValueError, match="0 block tables for KV cache groups 1.., expected 1"):
+    plan.new[0].block_tables = [[0]]
+    with pytest.raises(ValueError, match="1 block tables for 2 KV cache groups"):
         validate_plan(plan, {}, LIMITS)
-    held = {"r": SequenceState("r", [1, 2, 3], 3, 2, [0], None, [[1]])}  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="0 block tables for KV cache groups 1.., expected 1"):
-        validate_plan(StepPlan(running=[RunningSequence("r", 1, [])]), held, LIMITS)
-    validate_plan(StepPlan(running=[RunningSequence("r", 1, [], [[]])]), held, LIMITS)
+    held = {"r": SequenceState("r", [1, 2, 3], 3, 2, [[0], [1]], None)}  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="1 block tables for 2 KV cache groups"):
+        validate_plan(StepPlan(running=[RunningSequence("r", 1, [[]])]), held, LIMITS)
+    validate_plan(StepPlan(running=[RunningSequence("r", 1, [[], []])]), held, LIMITS)

@@ -76,6 +76,6 @@ def test_warm_up_runs_the_model_and_leaves_nothing_behind(make_runner: RunnerFac
     # The scheduler may hand out block 0 at once: what the warm-up wrote there must not leak
     # into a request that gets it (same greedy token as on a runner never warmed up).
     prompt = [50, 60, 70]
-    plan = StepPlan(new=[NewSequence("r1", prompt, len(prompt), 0, len(prompt), [0])])
+    plan = StepPlan(new=[NewSequence("r1", prompt, len(prompt), 0, len(prompt), [[0]])])
     fresh = make_runner(num_blocks=8, block_size=16)
     assert warmed.execute(plan) == fresh.execute(plan)

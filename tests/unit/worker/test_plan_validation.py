@@ -16,33 +16,41 @@ NUM_BLOCKS = 8
 @pytest.fixture
 def runner(make_runner: RunnerFactory) -> ModelRunner:
     runner = make_runner(num_blocks=NUM_BLOCKS, block_size=4, max_model_len=64)
-    runner.execute(StepPlan(new=[NewSequence("held", [5, 6, 7], 3, 0, 3, [0])]))
+    runner.execute(StepPlan(new=[NewSequence("held", [5, 6, 7], 3, 0, 3, [[0]])]))
     return runner
 
 
 def _snapshot(runner: ModelRunner) -> tuple[torch.Tensor, dict]:
     state = runner._requests["held"]
     facts = {"tokens": list(state.token_ids), "computed": state.num_computed,
-             "blocks": list(state.block_ids), "count": runner.num_requests}  # fmt: skip
+             "tables": [list(t) for t in state.block_tables],
+             "count": runner.num_requests}  # fmt: skip
     return runner._cache._buffer.clone(), facts
 
 
 BAD_PLANS = {
-    "unknown running id": StepPlan(running=[RunningSequence("nobody", 1)]),
-    "block table too short": StepPlan(new=[NewSequence("n", list(range(9)), 9, 0, 9, [1, 2])]),
-    "block id out of range": StepPlan(new=[NewSequence("n", [1, 2], 2, 0, 2, [NUM_BLOCKS])]),
-    "new running block out of range": StepPlan(running=[RunningSequence("held", 1, [-1])]),
-    "more tokens than known": StepPlan(running=[RunningSequence("held", 2)]),
-    "duplicate new id": StepPlan(new=[NewSequence("held", [1], 1, 0, 1, [1])]),
-    "twice in one plan": StepPlan(running=[RunningSequence("held", 1), RunningSequence("held", 0)]),
-    "token outside vocab": StepPlan(new=[NewSequence("n", [49152], 1, 0, 1, [1])]),
-    "beyond max_model_len": StepPlan(new=[NewSequence("n", [1] * 65, 65, 0, 65, list(range(8)))]),
-    "bad sampling": StepPlan(new=[NewSequence("n", [1], 1, 0, 1, [1], SamplingOptions(top_p=0.0))]),
-    "running and finished": StepPlan(running=[RunningSequence("held", 1)], finished_ids=["held"]),
+    "unknown running id": StepPlan(running=[RunningSequence("nobody", 1, [[]])]),
+    "block table too short": StepPlan(new=[NewSequence("n", list(range(9)), 9, 0, 9, [[1, 2]])]),
+    "block id out of range": StepPlan(new=[NewSequence("n", [1, 2], 2, 0, 2, [[NUM_BLOCKS]])]),
+    "new running block out of range": StepPlan(running=[RunningSequence("held", 1, [[-1]])]),
+    "more tokens than known": StepPlan(running=[RunningSequence("held", 2, [[]])]),
+    "duplicate new id": StepPlan(new=[NewSequence("held", [1], 1, 0, 1, [[1]])]),
+    "twice in one plan": StepPlan(
+        running=[RunningSequence("held", 1, [[]]), RunningSequence("held", 0, [[]])]
+    ),
+    "token outside vocab": StepPlan(new=[NewSequence("n", [49152], 1, 0, 1, [[1]])]),
+    "beyond max_model_len": StepPlan(new=[NewSequence("n", [1] * 65, 65, 0, 65, [list(range(8))])]),
+    "bad sampling": StepPlan(
+        new=[NewSequence("n", [1], 1, 0, 1, [[1]], SamplingOptions(top_p=0.0))]
+    ),
+    "no block tables": StepPlan(running=[RunningSequence("held", 1, [])]),
+    "running and finished": StepPlan(
+        running=[RunningSequence("held", 1, [[]])], finished_ids=["held"]
+    ),
     # One good entry then a bad one: nothing of the good one may be applied either.
     "partly valid": StepPlan(
-        new=[NewSequence("ok", [1, 2], 2, 0, 2, [3])],
-        running=[RunningSequence("held", 1, [4]), RunningSequence("ghost", 1)],
+        new=[NewSequence("ok", [1, 2], 2, 0, 2, [[3]])],
+        running=[RunningSequence("held", 1, [[4]]), RunningSequence("ghost", 1, [[]])],
     ),
 }
 
@@ -59,8 +67,8 @@ def test_bad_plan_raises_and_changes_nothing(runner: ModelRunner, name: str) -> 
 
 def test_good_plan_after_refusal_still_works(runner: ModelRunner) -> None:
     with pytest.raises(ValueError, match="unknown"):
-        runner.execute(StepPlan(running=[RunningSequence("nobody", 1)]))
-    sampled = runner.execute(StepPlan(running=[RunningSequence("held", 1, [1])]))
+        runner.execute(StepPlan(running=[RunningSequence("nobody", 1, [[]])]))
+    sampled = runner.execute(StepPlan(running=[RunningSequence("held", 1, [[1]])]))
     assert [s.request_id for s in sampled] == ["held"]
 
 

@@ -65,7 +65,7 @@ def test_two_ranks_generate_what_one_process_does(tiny_dir: Path) -> None:
         assert (runner.tensor_parallel_size, runner.num_blocks) == (2, NUM_BLOCKS)
         # A plan rank 0 rejects is rejected by rank 1 too: the ranks stay in step.
         with pytest.raises(ValueError, match="unknown to the worker"):
-            runner.execute(StepPlan(running=[RunningSequence("nobody", 1)]))
+            runner.execute(StepPlan(running=[RunningSequence("nobody", 1, [[]])]))
         actual = _generate(runner)
     finally:
         runner.close()

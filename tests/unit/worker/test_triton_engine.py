@@ -66,9 +66,9 @@ def test_triton_prefix_reuse_continues_cached_blocks(
     driver.add("first", prompts[2])
     for _ in range(5):  # the 40-token prompt's chunks, then one decode
         driver.step(NEW_TOKENS)
-    shared = driver.seqs["first"].block_ids[:2]
+    shared = driver.seqs["first"].tables[0][:2]
     follower = prompts[2][:32] + prompts[1][:9]
-    driver.add("second", follower, cached_blocks=shared, num_cached=32)
+    driver.add("second", follower, cached_tables=[shared], num_cached=32)
     outputs = driver.run(NEW_TOKENS)
     assert outputs["second"] == greedy_generate(tiny, follower, NEW_TOKENS)
     assert outputs["first"] == greedy_generate(tiny, prompts[2], NEW_TOKENS)
