@@ -18,13 +18,14 @@ from services.scheduler.admin_server import AdminServicer
 from services.scheduler.aliases import AliasTable, load_alias_file
 from services.scheduler.cache_feed import CacheFeed
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.engine import Engine
+from services.scheduler.request_trace import RequestTraces
 from services.scheduler.router import Router
 from services.scheduler.routing import ReplicaPicker, RoutingMode
 from services.scheduler.scheduler import SchedulerLimits
 from services.scheduler.scheduler_metrics import SchedulerCollector
 from services.scheduler.server import SchedulerServicer
 from services.scheduler.worker_admin import WorkerAdmin
-from services.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger("services.scheduler")
 
@@ -41,21 +42,22 @@ async def main() -> None:
         enable_prefix_caching=config.enable_prefix_caching,
     )
     aliases = AliasTable(load_alias_file(config.aliases_file) if config.aliases_file else [])
-    links: list[WorkerLink] = []
-    router = Router(links)
-    servicer = SchedulerServicer(router, aliases)
-    feed = CacheFeed(lambda: router.all_links, config.redis_url, config.prefix_index_ttl_s)
+    engines: list[Engine] = []
+    router = Router(engines)
+    traces = RequestTraces()  # each request's spans, while it runs (when tracing is on)
+    servicer = SchedulerServicer(router, aliases, traces)
+    feed = CacheFeed(lambda: router.all_engines, config.redis_url, config.prefix_index_ttl_s)
     router.picker = ReplicaPicker(RoutingMode(config.routing), feed.view)
 
-    def make_link(address: str) -> WorkerLink:
-        link = WorkerLink(address, limits, servicer.emit)
-        link.cache_events = feed.listener(link)
-        return link
+    def make_engine(address: str) -> Engine:
+        engine = Engine(address, limits, servicer.emit, traces=traces)
+        engine.cache_events = feed.listener(engine)
+        return engine
 
-    links.extend(make_link(address) for address in config.workers)
+    engines.extend(make_engine(address) for address in config.workers)
     feed.start()
-    for link in links:
-        link.start()
+    for engine in engines:
+        engine.start()
     gate = DrainGate("the scheduler")
     server = new_server([gate])
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
@@ -68,12 +70,12 @@ async def main() -> None:
     )
     health.add_to(server)
     admin = AdminServicer(
-        WorkerAdmin(router, make_link, servicer.emit), router, aliases, config.admin_key
+        WorkerAdmin(router, make_engine, servicer.emit), router, aliases, config.admin_key
     )
     admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
     address = f"{config.host}:{config.port}"
     add_port(server, address)
-    REGISTRY.register(SchedulerCollector(lambda: router.all_links))
+    REGISTRY.register(SchedulerCollector(lambda: router.all_engines))
     serve_metrics(config.metrics_port, config.host, process_tls())
     health.start()
     await server.start()
@@ -94,8 +96,8 @@ async def main() -> None:
         name="scheduler",
         stop_taking=[servicer.stop_taking],
     )
-    for link in router.all_links:
-        await link.stop()
+    for engine in router.all_engines:
+        await engine.stop()
     await feed.stop()
     shutdown_tracing()  # after the drain: the last requests' spans go out too
 

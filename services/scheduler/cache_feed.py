@@ -24,7 +24,7 @@ from services.scheduler.prefix_index import PrefixIndex, WorkerKey, worker_key
 from services.scheduler.prefix_store import PrefixStore
 
 if TYPE_CHECKING:
-    from services.scheduler.worker_link import WorkerLink
+    from services.scheduler.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,13 @@ SOCKET_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 1.0
 
 
-class LinkCacheEvents:
-    """The CacheEventListener of one worker link: its key is read when an event arrives, since
-    the model is only known once the worker has described itself."""
+class EngineCacheEvents:
+    """The CacheEventListener of one worker's engine: its key is read when an event arrives,
+    since the model is only known once the worker has described itself."""
 
-    def __init__(self, feed: CacheFeed, link: WorkerLink) -> None:
+    def __init__(self, feed: CacheFeed, engine: Engine) -> None:
         self._feed = feed
-        self._link = link
+        self._engine = engine
 
     def blocks_stored(self, hashes: list[BlockHash]) -> None:
         key = self._key()
@@ -55,20 +55,20 @@ class LinkCacheEvents:
             self._feed.publisher.log_for(key).blocks_removed(hashes)
 
     def _key(self) -> WorkerKey:
-        info = self._link.info
+        info = self._engine.info
         assert info is not None, "cache events before the worker described itself"
-        return worker_key(info.model, self._link.address)
+        return worker_key(info.model, self._engine.address)
 
 
 class CacheFeed:
     def __init__(
         self,
-        links: Callable[[], Iterable[WorkerLink]],
+        engines: Callable[[], Iterable[Engine]],
         redis_url: str = "",
         ttl_s: float = 10.0,
         namespace: str = "layerserve:prefix",
     ) -> None:
-        self._links = links  # every worker link, including ones added later
+        self._engines = engines  # every worker's engine, including ones added later
         self.local = PrefixIndex()
         self.publisher: CachePublisher | None = None
         self.reader: PrefixIndexReader | None = None
@@ -86,15 +86,16 @@ class CacheFeed:
             check_s = min(1.0, ttl_s / 4)
             self.reader = PrefixIndexReader(store, lambda: list(self.ready_caches()), check_s)
 
-    def listener(self, link: WorkerLink) -> LinkCacheEvents:
-        return LinkCacheEvents(self, link)
+    def listener(self, engine: Engine) -> EngineCacheEvents:
+        return EngineCacheEvents(self, engine)
 
     def ready_caches(self) -> dict[WorkerKey, FullState]:
         """The ready workers, each with a way to read its whole cache."""
         ready: dict[WorkerKey, FullState] = {}
-        for link in self._links():
-            if link.ready and link.info is not None and link.scheduler is not None:
-                ready[worker_key(link.info.model, link.address)] = link.scheduler.kv.cached_hashes
+        for engine in self._engines():
+            if engine.ready and engine.info is not None and engine.scheduler is not None:
+                key = worker_key(engine.info.model, engine.address)
+                ready[key] = engine.scheduler.kv.cached_hashes
         return ready
 
     def view(self) -> PrefixIndex:

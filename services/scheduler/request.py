@@ -5,13 +5,10 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from services.common.errors import LayerserveError
 from services.common.sampling import SamplingOptions
 from services.scheduler.block_hash import BlockHash
-
-if TYPE_CHECKING:
-    from services.scheduler.request_trace import RequestTrace
 
 
 class Status(enum.Enum):
@@ -40,7 +37,6 @@ class Request:
     priority: int = 0
     tenant: str = ""  # non-secret id of the caller's API key; "" = anonymous
     trace_context: dict[str, str] = field(default_factory=dict)
-    trace: RequestTrace | None = None  # its spans, when the scheduler traces (request_trace.py)
     arrival: float = field(default_factory=time.monotonic)  # restamped by Scheduler.add
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list = field(default_factory=list)
@@ -50,6 +46,7 @@ class Request:
     block_tables: list[list[int]] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None
+    error: LayerserveError | None = None  # why it ended, when finish_reason is ERROR
     on_worker: bool = False  # the worker holds its state (it was sent in full)
     num_preemptions: int = 0
     started: bool = False  # admitted to run at least once (a preempted request has)
@@ -61,6 +58,10 @@ class Request:
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_cached_blocks: int = 0
     num_cached_tokens: int = 0
+    # The prompt tokens the router expected this worker's cache to hold when it sent the
+    # request here (None: the routing mode does not look at caches), to set against
+    # num_cached_tokens, the tokens actually reused.
+    predicted_cached_tokens: int | None = None
 
     @property
     def block_ids(self) -> list[int]:
@@ -82,3 +83,11 @@ class Request:
     @property
     def num_tokens_to_compute(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def num_tokens_expected_to_compute(self) -> int:
+        """num_tokens_to_compute, less the cached prefix the router expects while it has not
+        started (then the scheduler knows the real one)."""
+        if self.started or not self.predicted_cached_tokens:
+            return self.num_tokens_to_compute
+        return self.num_tokens_to_compute - self.predicted_cached_tokens

@@ -8,22 +8,27 @@
   `finish`.
 
 Attributes: GenAI (model, settings, usage, finish reason) and ours (the choice id, the worker's
-address, cached prefix tokens, preemptions).
+address, cached prefix tokens next to those the router predicted, preemptions).
+
+The spans live in RequestTraces, by request id, not on the Request: the server starts a trace
+at arrival, and each worker's RequestTracer, a SchedulerObserver, moves it along as its
+Scheduler decides.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from opentelemetry.trace import Span
 
-from layerserve.scheduler.v1 import scheduler_pb2
 from services.common import span_attributes as attrs
 from services.common import tracing
-from services.common.sampling import SamplingOptions
+from services.scheduler.request import Request
+from services.scheduler.scheduler_events import SchedulerObserver
+from services.scheduler.step import ScheduledStep
+from services.scheduler.submission import Submission
 
-if TYPE_CHECKING:
-    from services.scheduler.request import Request
+# The cached prefix tokens the router expected at the worker it chose (next to CACHED_TOKENS,
+# those the worker's cache actually served).
+PREDICTED_CACHED_TOKENS = "layerserve.predicted_cached_prefix_tokens"
 
 
 class RequestTrace:
@@ -36,17 +41,20 @@ class RequestTrace:
         self._decode: Span | None = None
 
     @classmethod
-    def start(cls, submit: scheduler_pb2.Submit) -> RequestTrace | None:
+    def start(cls, submission: Submission) -> RequestTrace | None:
         """At arrival, before admission; None when tracing is off."""
         if not tracing.enabled():
             return None
-        span = tracing.start_span("scheduler request", submit.trace.carrier)
+        span = tracing.start_span("scheduler request", submission.trace_context)
         if span is None:
             return None
         if span.is_recording():
-            sampling = SamplingOptions.from_proto(submit.sampling)
-            span.set_attributes(attrs.request_attributes(submit.model, submit.max_tokens, sampling))
-            span.set_attribute(attrs.CHOICE_ID, submit.request_id)
+            span.set_attributes(
+                attrs.request_attributes(
+                    submission.model, submission.max_tokens, submission.sampling
+                )
+            )
+            span.set_attribute(attrs.CHOICE_ID, submission.request_id)
         return cls(span)
 
     def rejected(self, error: BaseException) -> None:
@@ -56,7 +64,7 @@ class RequestTrace:
         tracing.finish(self.span, error)
 
     def queued(self, request: Request, worker: str) -> None:
-        """Admitted and queued at the worker `worker`, or queued again after a preemption."""
+        """Admitted and queued at the worker `worker`."""
         if self._admission is not None:
             if self.span.is_recording():
                 self.span.set_attribute(attrs.WORKER, worker)
@@ -106,5 +114,67 @@ class RequestTrace:
                 )
             )
             self.span.set_attribute(attrs.CACHED_TOKENS, request.num_cached_tokens)
+            if request.predicted_cached_tokens is not None:
+                self.span.set_attribute(PREDICTED_CACHED_TOKENS, request.predicted_cached_tokens)
             self.span.set_attribute(attrs.PREEMPTIONS, request.num_preemptions)
         tracing.finish(self.span, error)
+
+
+class RequestTraces:
+    """The open traces of this process's requests, by request id (one book for all workers)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, RequestTrace] = {}
+
+    def start(self, submission: Submission) -> None:
+        """At arrival, before routing (nothing when tracing is off)."""
+        trace = RequestTrace.start(submission)
+        if trace is not None:
+            self._open[submission.request_id] = trace
+
+    def rejected(self, request_id: str, error: BaseException) -> None:
+        """Routing or admission failed: the request never queued."""
+        trace = self._open.pop(request_id, None)
+        if trace is not None:
+            trace.rejected(error)
+
+    def get(self, request_id: str) -> RequestTrace | None:
+        return self._open.get(request_id)
+
+    def pop(self, request_id: str) -> RequestTrace | None:
+        return self._open.pop(request_id, None)
+
+
+class RequestTracer(SchedulerObserver):
+    """Moves each request's trace along as the Scheduler of the worker `worker` decides."""
+
+    def __init__(self, traces: RequestTraces, worker: str) -> None:
+        self.traces = traces
+        self.worker = worker
+
+    def admitted(self, request: Request) -> None:
+        trace = self.traces.get(request.request_id)
+        if trace is not None:
+            trace.queued(request, self.worker)
+
+    def scheduled(self, step: ScheduledStep, now: float) -> None:
+        for request, num_new in step.new:
+            trace = self.traces.get(request.request_id)
+            if trace is not None:
+                trace.started(request.num_computed_tokens - num_new)
+
+    def preempted(self, request: Request) -> None:
+        trace = self.traces.get(request.request_id)
+        if trace is not None:
+            trace.preempted()
+
+    def first_token(self, request: Request) -> None:
+        trace = self.traces.get(request.request_id)
+        if trace is not None:
+            trace.sampled()
+
+    def finished(self, request: Request) -> None:
+        trace = self.traces.pop(request.request_id)
+        if trace is not None:
+            error = request.error.grpc_code.name if request.error is not None else None
+            trace.finish(request, error)

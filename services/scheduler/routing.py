@@ -1,17 +1,17 @@
 """Which replica of a model gets a request: the one that holds the longest cached prefix of
-it, weighed against how busy each replica is (or plain load, or round-robin, as baselines)."""
+it, weighed against how busy each replica is (or plain load, or round-robin, as baselines).
+Pure: it reads each replica's WorkerLoad snapshot and the prefix index, never a Scheduler."""
 
 from __future__ import annotations
 
 import enum
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.scheduler.block_hash import BlockHash
 from services.scheduler.prefix_index import PrefixIndex, WorkerKey
 from services.scheduler.recent_routes import RecentRoutes
-from services.scheduler.scheduler import Scheduler
+from services.scheduler.worker_load import WorkerLoad
 
 # What one running request costs its replica, in prompt tokens: each decode step of a larger
 # batch takes longer, so a replica with many running requests is slower to reach a new one.
@@ -29,17 +29,15 @@ class Replica:
     """One ready replica as the router sees it at this instant."""
 
     key: WorkerKey
-    pending_tokens: int  # tokens of its requests not computed yet (queued prompts, chunks, decodes)
-    num_running: int
-    num_requests: int
-    free_blocks: int
     block_size: int
+    load: WorkerLoad
 
 
 @dataclass(frozen=True, slots=True)
 class Choice:
     index: int  # into the replicas given to pick()
     cached_blocks: int  # leading blocks of the request the chosen replica holds (or will soon)
+    cached_tokens: int  # the prompt tokens those blocks hold: the prefix expected cached
 
 
 def cost(replica: Replica, num_prompt_tokens: int, cached_blocks: int) -> int:
@@ -51,52 +49,16 @@ def cost(replica: Replica, num_prompt_tokens: int, cached_blocks: int) -> int:
     # request of a popular prefix, and a small prefix advantage loses to a real load difference.
     # A replica whose free KV blocks cannot hold the uncached part would leave the request
     # waiting (or evict cached prefixes to fit it), so it pays the whole prompt once more.
+    # Queued requests not started yet count as their expected uncached part (WorkerLoad): one
+    # whose prefix is cached there must not count as its whole prompt, or a replica would look
+    # busiest exactly where it is cheapest.
+    load = replica.load
     cached_tokens = min(cached_blocks * replica.block_size, num_prompt_tokens)
     uncached = num_prompt_tokens - cached_tokens
     needed_blocks = -(-uncached // replica.block_size)
-    kv_short = num_prompt_tokens if needed_blocks > replica.free_blocks else 0
-    queued = replica.pending_tokens + RUNNING_REQUEST_TOKENS * replica.num_running
+    kv_short = num_prompt_tokens if needed_blocks > load.free_blocks else 0
+    queued = load.pending_tokens + RUNNING_REQUEST_TOKENS * load.num_running
     return uncached + queued + kv_short
-
-
-class ExpectedWork:
-    """How many tokens each replica still has to compute, for the router, without walking every
-    queued request at every submit: the sum is taken once per engine step of the replica, and
-    each request routed there in between adds what it is expected to cost.
-
-    A routed request counts as its uncached part until it starts (then the scheduler knows
-    exactly): a queued request whose prefix is cached there must not count as its whole
-    prompt, or a replica would look busiest exactly where it is cheapest."""
-
-    def __init__(self, max_entries: int = 1 << 16) -> None:
-        self.max_entries = max_entries  # requests aborted before starting are dropped oldest-first
-        self._uncached: OrderedDict[str, int] = OrderedDict()
-        self._pending: dict[WorkerKey, tuple[Scheduler, int, int]] = {}  # as of (sched, step)
-
-    def expect(self, worker: WorkerKey, request_id: str, uncached_tokens: int) -> None:
-        self._uncached[request_id] = uncached_tokens
-        if len(self._uncached) > self.max_entries:
-            self._uncached.popitem(last=False)
-        seen = self._pending.get(worker)
-        if seen is not None:
-            self._pending[worker] = (seen[0], seen[1], seen[2] + uncached_tokens)
-
-    def pending_tokens(self, worker: WorkerKey, scheduler: Scheduler) -> int:
-        """Tokens the replica's requests still have to compute, as of its last step (plus the
-        requests routed since)."""
-        seen = self._pending.get(worker)
-        if seen is not None and seen[0] is scheduler and seen[1] == scheduler.num_steps:
-            return seen[2]
-        total = 0
-        for r in scheduler.requests.values():
-            if r.started:
-                if self._uncached:
-                    self._uncached.pop(r.request_id, None)
-                total += r.num_tokens_to_compute
-            else:
-                total += self._uncached.get(r.request_id, r.num_tokens_to_compute)
-        self._pending[worker] = (scheduler, scheduler.num_steps, total)
-        return total
 
 
 class ReplicaPicker:
@@ -112,7 +74,6 @@ class ReplicaPicker:
         self.mode = mode
         self._view = view
         self.recent = recent if recent is not None else RecentRoutes()
-        self.expected = ExpectedWork()
         self._turn = 0  # rotates among equals, so idle replicas share new prefixes
 
     @property
@@ -120,32 +81,27 @@ class ReplicaPicker:
         return self.mode is RoutingMode.PREFIX
 
     def pick(
-        self,
-        request_id: str,
-        replicas: list[Replica],
-        hashes: list[BlockHash],
-        num_prompt_tokens: int,
+        self, replicas: list[Replica], hashes: list[BlockHash], num_prompt_tokens: int
     ) -> Choice:
         assert replicas, "pick among no replicas"
         self._turn += 1
         self.recent.expire()
         n = len(replicas)
         if self.mode is RoutingMode.ROUND_ROBIN:
-            return Choice(self._turn % n, 0)
+            return Choice(self._turn % n, 0, 0)
         cached = self._cached_blocks([r.key for r in replicas], hashes)
 
         def rank(i: int) -> tuple[int, int, int]:
             r = replicas[i]
             work = cost(r, num_prompt_tokens, cached[i])
-            return (work, r.num_requests, (i - self._turn) % n)
+            return (work, r.load.num_requests, (i - self._turn) % n)
 
         best = min(range(n), key=rank)
         chosen = replicas[best]
         if hashes:
             self.recent.record(chosen.key, hashes)
         cached_tokens = min(cached[best] * chosen.block_size, num_prompt_tokens)
-        self.expected.expect(chosen.key, request_id, num_prompt_tokens - cached_tokens)
-        return Choice(best, cached[best])
+        return Choice(best, cached[best], cached_tokens)
 
     def _cached_blocks(self, keys: list[WorkerKey], hashes: list[BlockHash]) -> list[int]:
         """Each replica's cached prefix of the request, in blocks: what its cache reports, or

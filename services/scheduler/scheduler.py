@@ -27,13 +27,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from services.common.errors import ResourceExhausted
+from services.common.errors import DeadlineExceeded, LayerserveError, ResourceExhausted, Unavailable
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import FinishReason, Request, Status
+from services.scheduler.scheduler_events import Observers, SchedulerObserver
+from services.scheduler.step import Sample, ScheduledStep
 from services.scheduler.waiting_queue import WaitingQueue
+from services.scheduler.worker_load import WorkerLoad
+
+__all__ = ["Sample", "ScheduledStep", "Scheduler", "SchedulerLimits"]
 
 log = logging.getLogger(__name__)
 
@@ -47,30 +52,6 @@ class SchedulerLimits:
     enable_prefix_caching: bool = True
 
 
-@dataclass(slots=True)
-class ScheduledStep:
-    new: list[tuple[Request, int]] = field(default_factory=list)  # sent in full
-    # As diffs: the request, its tokens to compute, and the blocks appended to each of its
-    # block tables (one list per KV cache group, group 0 first).
-    running: list[tuple[Request, int, list[list[int]]]] = field(default_factory=list)
-    finished_ids: list[str] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.new or self.running or self.finished_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.new) + sum(n for _, n, _ in self.running)
-
-
-@dataclass(slots=True)
-class Sample:
-    request_id: str
-    token_id: int
-    logprob: object | None = None  # common.v1.TokenLogprob, passed through untouched
-
-
 class Scheduler:
     def __init__(
         self,
@@ -79,12 +60,15 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: frozenset[int],
         clock: Callable[[], float] = time.monotonic,
+        observers: Sequence[SchedulerObserver] = (),
     ) -> None:
         self.limits = limits
         self.kv = kv
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.clock = clock
+        # Told what the scheduler decides (scheduler_events.py): tracing and metrics.
+        self.events = Observers(observers)
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -103,6 +87,7 @@ class Scheduler:
         # sampled), and every sampled token.
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
+        self._pending_tokens: int | None = None  # summed once per step (load())
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -121,6 +106,9 @@ class Scheduler:
         self.requests[request.request_id] = request
         self._never_started[request.request_id] = request
         self.waiting.add(request)
+        if self._pending_tokens is not None:
+            self._pending_tokens += request.num_tokens_expected_to_compute
+        self.events.admitted(request)
 
     def abort(self, request_id: str) -> Request | None:
         request = self.requests.get(request_id)
@@ -130,16 +118,21 @@ class Scheduler:
 
     def expire(self) -> list[Request]:
         """Ends the requests that have waited max_queue_wait_s or longer without starting.
-        Returns them (finish_reason ERROR) for the caller to report as DEADLINE_EXCEEDED."""
+        Returns them (finish_reason ERROR, their error a DeadlineExceeded) for the caller to
+        report."""
         deadline = self.clock() - self.limits.max_queue_wait_s
         expired = []
         for request in self._never_started.values():
             if request.arrival > deadline:
                 break  # arrival order: the rest are younger
             expired.append(request)
+        error = DeadlineExceeded(
+            f"the request waited {self.limits.max_queue_wait_s:g}s in the queue without "
+            "starting: the server is overloaded; retry later"
+        )
         for request in expired:
             log.warning("%s waited too long to start; ending it", request.request_id)
-            self._finish(request, FinishReason.ERROR)
+            self._finish(request, FinishReason.ERROR, error)
         self.num_expired += len(expired)
         return expired
 
@@ -149,6 +142,28 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    def load(self) -> WorkerLoad:
+        """How busy this worker is now. The pending tokens are summed once per step; requests
+        added since count as they arrive (those aborted meanwhile until the next step)."""
+        if self._pending_tokens is None:
+            requests = self.requests.values()
+            self._pending_tokens = sum(r.num_tokens_expected_to_compute for r in requests)
+        pool = self.kv.pool
+        return WorkerLoad(
+            num_blocks=pool.num_blocks,
+            free_blocks=pool.num_free,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_requests=len(self.requests),
+            pending_tokens=self._pending_tokens,
+            num_steps=self.num_steps,
+            num_preemptions=self.num_preemptions,
+            prefix_query_tokens=self.num_prefix_query_tokens,
+            prefix_hit_tokens=self.num_prefix_hit_tokens,
+            num_rejected=self.num_rejected,
+            num_expired=self.num_expired,
+        )
 
     # -- one step --------------------------------------------------------------------------
 
@@ -167,6 +182,8 @@ class Scheduler:
         self._in_flight = [r for r, _ in step.new] + [r for r, _, _ in step.running]
         if not step.is_empty:
             self.num_steps += 1
+            self._pending_tokens = None
+            self.events.scheduled(step, self.clock())
         return step
 
     def _schedule_running(self, step: ScheduledStep, budget: int) -> int:
@@ -254,8 +271,7 @@ class Scheduler:
             request.on_worker = False
             self._forget_on_worker.append(request.request_id)
         self.waiting.add(request)
-        if request.trace is not None:
-            request.trace.preempted()
+        self.events.preempted(request)
 
     # -- results -----------------------------------------------------------------------------
 
@@ -277,18 +293,20 @@ class Scheduler:
             self.num_generation_tokens += 1
             if len(request.output_token_ids) == 1:
                 self.num_prompt_tokens += request.num_prompt_tokens
+                self.events.first_token(request)
             reason = self._stop_reason(request, sample.token_id)
             if reason is not None:
                 self._finish(request, reason)
             updated.append((request, sample))
         return updated
 
-    def fail_all(self) -> list[Request]:
-        """Ends every request (the worker failed, and its KV cache with it). Returns them for
-        error reporting."""
+    def fail_all(self, error: LayerserveError | None = None) -> list[Request]:
+        """Ends every request with `error` (the worker failed, and its KV cache with it).
+        Returns them for error reporting."""
+        error = error or Unavailable("the worker became unavailable")
         failed = list(self.requests.values())
         for request in failed:
-            self._finish(request, FinishReason.ERROR)
+            self._finish(request, FinishReason.ERROR, error)
         self._forget_on_worker = []
         self._in_flight = []
         self.kv.drop_cache()
@@ -303,7 +321,9 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
-    def _finish(self, request: Request, reason: FinishReason) -> None:
+    def _finish(
+        self, request: Request, reason: FinishReason, error: LayerserveError | None = None
+    ) -> None:
         if request.status is Status.WAITING:
             self.waiting.remove(request)
             self._never_started.pop(request.request_id, None)
@@ -314,7 +334,9 @@ class Scheduler:
         self.kv.free(request)
         request.status = Status.FINISHED
         request.finish_reason = reason
+        request.error = error
         if request.on_worker:
             self._forget_on_worker.append(request.request_id)
             request.on_worker = False
         del self.requests[request.request_id]
+        self.events.finished(request)

@@ -1,11 +1,13 @@
 """What the scheduler measures, per model and per worker replica (`worker`: its address).
 
-Read at scrape time from each link's Scheduler (SchedulerCollector): requests running and
+Read at scrape time from each engine's Scheduler (SchedulerCollector): requests running and
 waiting, KV cache usage, and its counters (prefix cache queries and hits in tokens,
 preemptions, prompt and generation tokens, queue rejections and timeouts). The counters are
 the Scheduler's own, so they restart from 0 when a worker reconnects (Prometheus' rate()
-takes that as a counter reset). Observed once per engine step (observe_step): the tokens the
-step computes, and the queue time of each request it starts for the first time.
+takes that as a counter reset). Observed from the Scheduler's events (SchedulerMetrics, a
+SchedulerObserver), once per engine step: the tokens the step computes, and for each request it
+starts for the first time its queue time and how far the router's guess of its cached prefix
+was from the prefix the worker's cache actually served.
 
 Prompt tokens count once a request's prefill is done (its first token sampled), whether it
 came from the cache or not; generation tokens count every sampled token. This is where the
@@ -20,9 +22,12 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from layerserve.worker.v1 import worker_pb2
 from services.common import metrics
-from services.scheduler.scheduler import ScheduledStep, Scheduler
+from services.scheduler.request import Request
+from services.scheduler.scheduler import Scheduler
+from services.scheduler.scheduler_events import SchedulerObserver
+from services.scheduler.step import ScheduledStep
+from services.scheduler.worker_info import WorkerInfo
 
 LABELS = ("model", "worker")
 
@@ -36,6 +41,18 @@ ITERATION_TOKENS = metrics.histogram(
     "iteration_tokens_total",
     "Tokens computed per engine step (prefill chunks and decodes together).",
     metrics.TOKEN_BUCKETS,
+    ("model",),
+)
+# fmt: off
+PREDICTION_ERROR_BUCKETS = (-4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096)
+# fmt: on
+PREDICTION_ERROR = metrics.histogram(
+    "prefix_cache_prediction_error_tokens",
+    "Per request routed by prefix, at its first start: the cached prefix tokens the router "
+    "expected at the worker it chose, less those the worker's cache served (> 0: the router "
+    "counted on blocks that were gone or not computed yet; < 0: it missed some). Signed, so "
+    "it has no _sum (OpenMetrics).",
+    PREDICTION_ERROR_BUCKETS,
     ("model",),
 )
 
@@ -84,21 +101,21 @@ _COUNTERS: tuple[tuple[str, str, Callable[[Scheduler], float]], ...] = (
 )
 
 
-class Link(Protocol):
-    """What the collector reads of a WorkerLink."""
+class Worker(Protocol):
+    """What the collector reads of an Engine."""
 
     address: str
-    info: worker_pb2.WorkerInfo | None  # once connected
+    info: WorkerInfo | None  # once connected
     scheduler: Scheduler | None
 
 
 class SchedulerCollector(Collector):
-    """Reads every link's Scheduler when Prometheus scrapes. Runs on the metrics server's
+    """Reads every engine's Scheduler when Prometheus scrapes. Runs on the metrics server's
     thread: it only reads lengths and integers, and a value a step changes meanwhile shows
     up at the next scrape."""
 
-    def __init__(self, links: Callable[[], Sequence[Link]]) -> None:
-        self._links = links
+    def __init__(self, workers: Callable[[], Sequence[Worker]]) -> None:
+        self._workers = workers
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         gauges = [
@@ -109,15 +126,25 @@ class SchedulerCollector(Collector):
             (CounterMetricFamily(metrics.PREFIX + name, doc, labels=LABELS), read)
             for name, doc, read in _COUNTERS
         ]
-        for link in list(self._links()):
-            scheduler, info = link.scheduler, link.info
+        for worker in list(self._workers()):
+            scheduler, info = worker.scheduler, worker.info
             if scheduler is None or info is None:
                 continue  # not connected: nothing to say, and no model to say it for
-            labels = [info.model, link.address]
+            labels = [info.model, worker.address]
             for family, read in gauges + counters:
                 family.add_metric(labels, read(scheduler))
         for family, _ in gauges + counters:
             yield family
+
+
+class SchedulerMetrics(SchedulerObserver):
+    """Observes the steps of the Scheduler of a worker serving `model`."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def scheduled(self, step: ScheduledStep, now: float) -> None:
+        observe_step(self.model, step, now)
 
 
 def observe_step(model: str, step: ScheduledStep, now: float) -> None:
@@ -127,3 +154,11 @@ def observe_step(model: str, step: ScheduledStep, now: float) -> None:
     for request, _ in step.new:
         if request.num_preemptions == 0:  # its first start; later ones resume it
             QUEUE_TIME.labels(model).observe(now - request.arrival)
+            observe_prediction(model, request)
+
+
+def observe_prediction(model: str, request: Request) -> None:
+    """At a request's first start, once num_cached_tokens is known."""
+    if request.predicted_cached_tokens is not None:
+        error = request.predicted_cached_tokens - request.num_cached_tokens
+        PREDICTION_ERROR.labels(model).observe(error)

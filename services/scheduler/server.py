@@ -10,10 +10,14 @@ from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import LayerserveError, Unavailable, code_number
 from services.common.mux import Outbox, session_batches
+from services.common.sampling import SamplingOptions
 from services.scheduler.alias_proto import alias_to_proto
 from services.scheduler.aliases import AliasTable
-from services.scheduler.request_trace import RequestTrace
+from services.scheduler.output import Output
+from services.scheduler.output_proto import output_to_proto
+from services.scheduler.request_trace import RequestTraces
 from services.scheduler.router import Router
+from services.scheduler.submission import Submission
 
 log = logging.getLogger(__name__)
 
@@ -22,9 +26,15 @@ _SHUTTING_DOWN = Unavailable("the scheduler is shutting down; retry shortly")
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, router: Router, aliases: AliasTable | None = None) -> None:
+    def __init__(
+        self,
+        router: Router,
+        aliases: AliasTable | None = None,
+        traces: RequestTraces | None = None,
+    ) -> None:
         self._router = router
         self._aliases = aliases if aliases is not None else AliasTable()
+        self._traces = traces if traces is not None else RequestTraces()
         self._outboxes: dict[str, Outbox[RequestOutput]] = {}  # request id -> its session's
         self._models: dict[str, str] = {}  # request id -> the model serving it
         self._sessions: set[Outbox[RequestOutput]] = set()
@@ -33,12 +43,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def readiness(self) -> str | None:
         """None once a worker taking new requests is live (connected and SERVING), else why
         not."""
-        links = self._router.links
-        if any(link.ready for link in links):
+        engines = self._router.engines
+        if any(engine.ready for engine in engines):
             return None
-        if not links:
+        if not engines:
             return "no workers (add one with the Admin API)"
-        return "no live worker: " + "; ".join(link.why_not_ready() for link in links)
+        return "no live worker: " + "; ".join(engine.why_not_ready() for engine in engines)
 
     def stop_taking(self) -> None:
         """Drain: refuse new requests; each session ends once its requests have."""
@@ -46,15 +56,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         for outbox in self._sessions:
             outbox.wake()
 
-    def emit(self, outputs: list[RequestOutput]) -> None:
-        """Called by worker links after each step: route outputs to their sessions."""
+    def emit(self, outputs: list[Output]) -> None:
+        """Called by the engines after each step: route outputs to their sessions."""
         for output in outputs:
             outbox = self._outboxes.get(output.request_id)
             if outbox is None:
                 continue
-            output.model = self._models.get(output.request_id, "")
-            outbox.put(output)
-            if output.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+            msg = output_to_proto(output)
+            msg.model = self._models.get(output.request_id, "")
+            outbox.put(msg)
+            if output.finish_reason is not None:
                 del self._outboxes[output.request_id]
                 self._models.pop(output.request_id, None)
                 self._router.forget(output.request_id)
@@ -103,35 +114,35 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._outboxes[submit.request_id] = outbox
         self._models[submit.request_id] = submit.model
         mine.add(submit.request_id)
-        trace = RequestTrace.start(submit)  # None: not traced here
+        submission = submission_from_proto(submit)
+        self._traces.start(submission)
         try:
-            self._router.submit(submit, trace)
+            self._router.submit(submission)
         except LayerserveError as err:
             del self._outboxes[submit.request_id]
             del self._models[submit.request_id]
             outbox.put(_error(submit.request_id, err.message, code=code_number(err)))
-            if trace is not None:
-                trace.rejected(err)
+            self._traces.rejected(submit.request_id, err)
 
     async def GetStats(self, request, context) -> scheduler_pb2.SchedulerStats:
         stats = scheduler_pb2.SchedulerStats()
-        for link in self._router.all_links:
-            s, info = link.scheduler, link.info
-            if s is None or info is None or (request.model and request.model != info.model):
+        for engine in self._router.all_engines:
+            load, info = engine.load(), engine.info
+            if load is None or info is None or (request.model and request.model != info.model):
                 continue
             stats.workers.add(
                 model=info.model,
-                address=link.address,
-                num_blocks=s.kv.pool.num_blocks,
-                free_blocks=s.kv.pool.num_free,
-                running=len(s.running),
-                waiting=s.num_waiting,
-                steps=s.num_steps,
-                preemptions=s.num_preemptions,
-                prefix_query_tokens=s.num_prefix_query_tokens,
-                prefix_hit_tokens=s.num_prefix_hit_tokens,
-                rejected=s.num_rejected,
-                expired=s.num_expired,
+                address=engine.address,
+                num_blocks=load.num_blocks,
+                free_blocks=load.free_blocks,
+                running=load.num_running,
+                waiting=load.num_waiting,
+                steps=load.num_steps,
+                preemptions=load.num_preemptions,
+                prefix_query_tokens=load.prefix_query_tokens,
+                prefix_hit_tokens=load.prefix_hit_tokens,
+                rejected=load.num_rejected,
+                expired=load.num_expired,
             )
         return stats
 
@@ -145,6 +156,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             ],
             aliases=[alias_to_proto(alias) for alias in self._aliases.list()],
         )
+
+
+def submission_from_proto(msg: scheduler_pb2.Submit) -> Submission:
+    return Submission(
+        request_id=msg.request_id,
+        model=msg.model,
+        prompt_token_ids=list(msg.prompt_token_ids),
+        max_tokens=msg.max_tokens,
+        sampling=SamplingOptions.from_proto(msg.sampling),
+        stop_token_ids=list(msg.stop_token_ids),
+        ignore_eos=msg.ignore_eos,
+        priority=msg.priority,
+        tenant=msg.tenant,
+        trace_context=dict(msg.trace.carrier),
+    )
 
 
 def _error(request_id: str, message: str, *, code: int) -> RequestOutput:

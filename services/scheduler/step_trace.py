@@ -7,17 +7,20 @@
   step advances, a child of the request's `scheduler request` span; its context goes to the
   worker with the sequence (NewSequence.trace, RunningSequence.trace), so that the worker's
   span for the chunk joins the request's trace.
+
+The engine brackets each step it sends with begin() and end(); when the process does not
+trace, begin() hands out UNTRACED, which does nothing.
 """
 
 from __future__ import annotations
 
 from opentelemetry.trace import Span
 
-from layerserve.worker.v1 import worker_pb2
 from services.common import span_attributes as attrs
 from services.common import tracing
 from services.scheduler.request import Request
-from services.scheduler.scheduler import ScheduledStep
+from services.scheduler.request_trace import RequestTraces
+from services.scheduler.step import ScheduledStep, StepContexts, StepResult
 
 
 def is_prefill(request: Request, num_new: int) -> bool:
@@ -30,72 +33,74 @@ def is_prefill(request: Request, num_new: int) -> bool:
 class StepTrace:
     __slots__ = ("span", "_prefills")
 
-    def __init__(self, span: Span, prefills: dict[str, Span]) -> None:
-        self.span = span
+    def __init__(self, span: Span | None, prefills: dict[str, Span]) -> None:
+        self.span = span  # None: not traced
         self._prefills = prefills  # request id -> its prefill span in this step
 
-    @classmethod
-    def begin(cls, step: ScheduledStep, step_id: int, worker: str) -> StepTrace | None:
-        """Call once the step is scheduled, before it is sent; None when tracing is off."""
-        if not tracing.enabled():
+    @property
+    def contexts(self) -> StepContexts | None:
+        """What the worker's spans continue (None: not traced, requests carry their callers')."""
+        if self.span is None:
             return None
-        scheduled = [*step.new, *((r, n) for r, n, _ in step.running)]
-        traced = [(r, n) for r, n in scheduled if r.trace is not None]
-        span = tracing.start_span("engine step", {}, links=[r.trace.span for r, _ in traced])
-        assert span is not None
-        if span.is_recording():
-            span.set_attributes(
-                {
-                    "layerserve.step.id": step_id,
-                    attrs.WORKER: worker,
-                    "layerserve.step.new_sequences": len(step.new),
-                    "layerserve.step.running_sequences": len(step.running),
-                    "layerserve.step.tokens": step.num_tokens,
-                }
-            )
-        for request, num_new in step.new:
-            if request.trace is not None:
-                request.trace.started(request.num_computed_tokens - num_new)
-        prefills = {
-            request.request_id: _prefill_span(request, num_new, span)
-            for request, num_new in traced
-            if is_prefill(request, num_new)
-        }
-        return cls(span, prefills)
+        prefills = {rid: tracing.carrier_of(span) for rid, span in self._prefills.items()}
+        return StepContexts(tracing.carrier_of(self.span), prefills)
 
-    def annotate(self, msg: worker_pb2.StepRequest) -> None:
-        """Gives the step, and each sequence with a prefill chunk in it, the context of its span
-        here for the worker's spans to continue; other sequences get none."""
-        msg.trace.carrier.update(tracing.carrier_of(self.span))
-        for seq in msg.new_sequences:
-            span = self._prefills.get(seq.request_id)
-            seq.trace.carrier.clear()
-            if span is not None:
-                seq.trace.carrier.update(tracing.carrier_of(span))
-        left = len(self._prefills) - len(msg.new_sequences)  # prefill chunks of running ones
-        for seq in msg.running:
-            if left <= 0:
-                break
-            span = self._prefills.get(seq.request_id)
-            if span is not None:
-                seq.trace.carrier.update(tracing.carrier_of(span))
-                left -= 1
-
-    def end(self, result: worker_pb2.StepResult | None, error: str | None = None) -> None:
+    def end(self, result: StepResult | None, error: str | None = None) -> None:
         """result: the worker's answer (None: the step never came back)."""
-        if error is None and result is not None and result.HasField("error"):
+        if self.span is None:
+            return
+        if error is None and result is not None and result.error is not None:
             error = "StepRejected"
         if result is not None and self.span.is_recording():
             self.span.set_attribute("layerserve.step.forward_ms", result.forward_ns / 1e6)
-            self.span.set_attribute("layerserve.step.sampled", len(result.sampled))
+            self.span.set_attribute("layerserve.step.sampled", len(result.samples))
         for span in self._prefills.values():
             tracing.finish(span, error)
         tracing.finish(self.span, error)
 
 
-def _prefill_span(request: Request, num_new: int, step: Span) -> Span:
-    assert request.trace is not None
-    span = tracing.start_span("prefill", request.trace.span, links=[step])
+UNTRACED = StepTrace(None, {})
+
+
+class StepTracer:
+    """Starts the spans of each step sent to the worker `worker`; the requests' own spans are
+    in `traces`."""
+
+    def __init__(self, traces: RequestTraces, worker: str) -> None:
+        self.traces = traces
+        self.worker = worker
+
+    def begin(self, step: ScheduledStep, step_id: int) -> StepTrace:
+        """Call once the step is scheduled, before it is sent."""
+        if not tracing.enabled():
+            return UNTRACED
+        traced = [
+            (request, num_new, trace.span)
+            for request, num_new in step.requests
+            if (trace := self.traces.get(request.request_id)) is not None
+        ]
+        span = tracing.start_span("engine step", {}, links=[s for _, _, s in traced])
+        assert span is not None
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "layerserve.step.id": step_id,
+                    attrs.WORKER: self.worker,
+                    "layerserve.step.new_sequences": len(step.new),
+                    "layerserve.step.running_sequences": len(step.running),
+                    "layerserve.step.tokens": step.num_tokens,
+                }
+            )
+        prefills = {
+            request.request_id: _prefill_span(request, num_new, parent, span)
+            for request, num_new, parent in traced
+            if is_prefill(request, num_new)
+        }
+        return StepTrace(span, prefills)
+
+
+def _prefill_span(request: Request, num_new: int, parent: Span, step: Span) -> Span:
+    span = tracing.start_span("prefill", parent, links=[step])
     assert span is not None
     if span.is_recording():
         span.set_attributes(

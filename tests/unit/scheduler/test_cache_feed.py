@@ -6,8 +6,8 @@ import time
 
 import redis.asyncio as aioredis
 
+from services.scheduler.engine import Engine
 from services.scheduler.prefix_index import worker_key
-from services.scheduler.worker_link import WorkerLink
 from tests.redis_server import RedisServer
 from tests.unit.scheduler.replicas import MODEL, routed_cluster, serve, submit, wait_until
 
@@ -15,16 +15,16 @@ SYSTEM_A = list(range(100, 164))
 SYSTEM_B = list(range(1000, 1064))
 
 
-def cached(link: WorkerLink) -> set[bytes]:
-    assert link.scheduler is not None
-    return set(link.scheduler.kv.cached_hashes())
+def cached(engine: Engine) -> set[bytes]:
+    assert engine.scheduler is not None
+    return set(engine.scheduler.kv.cached_hashes())
 
 
 async def test_routing_outlives_redis_and_the_index_is_rebuilt_when_it_returns(
     redis_server: RedisServer,
 ):
     router, feed = routed_cluster(["a:1", "b:1"], redis_url=redis_server.url, ttl_s=2.0)
-    a, b = router.links
+    a, b = router.engines
     key_a, key_b = worker_key(MODEL, "a:1"), worker_key(MODEL, "b:1")
     assert feed.reader is not None
     reader = feed.reader

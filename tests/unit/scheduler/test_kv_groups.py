@@ -5,6 +5,8 @@ tokens; the sliding group's window is 8 tokens unless said otherwise."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from layerserve.worker.v1 import worker_pb2
@@ -262,10 +264,9 @@ def test_every_group_windowed_leaves_only_the_context_length_as_a_bound():
 
 def test_the_router_admits_by_the_workers_kv_cache_groups_and_step_budget():
     router, _ = routed_cluster(["a:1"])  # 256 blocks of 4: 1024 tokens in one group
-    (link,) = router.links
-    link.info.kv_cache_groups.add(num_layers=1, sliding_window=0)
-    link.info.kv_cache_groups.add(num_layers=1, sliding_window=8)
-    link.limits = SchedulerLimits(max_num_batched_tokens=16)
+    (engine,) = router.engines
+    engine.info = dataclasses.replace(engine.info, windows=group_windows([0, 8]))
+    engine.limits = SchedulerLimits(max_num_batched_tokens=16)
     # The sliding group holds at most 7 blocks (8 + 16 tokens): 249 blocks are left for the
     # full group, 996 tokens.
     submit(router, "fits", list(range(10, 1000)))  # 990 + 2 to generate

@@ -1,6 +1,6 @@
 """The scheduler's metrics as an operator reads them: requests waiting then running, KV cache
 usage, preemptions, prefix cache hits and tokens, per model and worker, read from the real
-Scheduler behind a WorkerLink; and, over a real Execute stream to an in-process null worker,
+Scheduler behind an Engine; and, over a real Execute stream to an in-process null worker,
 the tokens of every engine step and each request's time in the queue."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
-from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
+from layerserve.worker.v1 import worker_pb2_grpc
+from services.scheduler.engine import Engine
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.scheduler_metrics import SchedulerCollector, observe_step
-from services.scheduler.worker_link import WorkerLink
+from services.scheduler.worker_info import WorkerInfo
 from services.worker.null_runner import NullRunner
 from services.worker.server import WorkerServicer
 from tests.prometheus_text import Scrape
@@ -29,14 +30,14 @@ from tests.unit.scheduler.drive import (
 )
 
 MODEL = "m"
-ADDRESS = "127.0.0.1:9"  # never dialled: the tests run the link's scheduler by hand
+ADDRESS = "127.0.0.1:9"  # never dialled: the tests run the engine's scheduler by hand
 SERIES = {"model": MODEL, "worker": ADDRESS}
 
 
-def linked(sched: Scheduler) -> tuple[WorkerLink, CollectorRegistry]:
-    """A link as if connected to a worker of MODEL, and a registry with its collector."""
-    link = WorkerLink(ADDRESS, sched.limits, emit=lambda outputs: None)
-    link.info = worker_pb2.WorkerInfo(model=MODEL, num_blocks=sched.kv.pool.num_blocks)
+def linked(sched: Scheduler) -> tuple[Engine, CollectorRegistry]:
+    """An engine as if connected to a worker of MODEL, and a registry with its collector."""
+    link = Engine(ADDRESS, sched.limits, emit=lambda outputs: None)
+    link.info = WorkerInfo(MODEL, 4, sched.kv.pool.num_blocks, 256, 100)
     link.scheduler = sched
     registry = CollectorRegistry()
     registry.register(SchedulerCollector(lambda: [link]))
@@ -94,8 +95,8 @@ async def test_preemptions_and_prefix_cache_hits_are_counted_in_tokens():
     await link.stop()
 
 
-async def test_a_link_without_a_worker_reports_nothing():
-    link = WorkerLink(ADDRESS, make_scheduler().limits, emit=lambda outputs: None)
+async def test_an_engine_without_a_worker_reports_nothing():
+    link = Engine(ADDRESS, make_scheduler().limits, emit=lambda outputs: None)
     registry = CollectorRegistry()
     registry.register(SchedulerCollector(lambda: [link]))
     page = scrape(registry)
@@ -123,14 +124,14 @@ async def test_the_step_loop_observes_each_steps_tokens_and_each_requests_queue_
     prompts = {"a": list(range(10, 15)), "b": list(range(20, 27)), "c": list(range(30, 33))}
     max_tokens = 4
     outputs = []
-    link = WorkerLink(null_worker, make_scheduler(max_seqs=1).limits, outputs.extend)
+    link = Engine(null_worker, make_scheduler(max_seqs=1).limits, outputs.extend)
     before = Scrape.parse(generate_latest(REGISTRY).decode())
     link.start()
     try:
         await _until(lambda: link.scheduler is not None)
         for rid, prompt in prompts.items():  # one runs at a time: the others queue
             link.submit(make_request(rid, prompt, max_tokens=max_tokens))
-        await _until(lambda: sum(o.finish_reason != 0 for o in outputs) == len(prompts))
+        await _until(lambda: sum(o.finish_reason is not None for o in outputs) == len(prompts))
     finally:
         await link.stop()
     after = Scrape.parse(generate_latest(REGISTRY).decode())

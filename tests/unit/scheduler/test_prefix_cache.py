@@ -6,9 +6,11 @@ from __future__ import annotations
 from services.scheduler.block_hash import block_hashes
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.output import Output
+from services.scheduler.output_proto import output_to_proto
 from services.scheduler.request import FinishReason, Status
 from services.scheduler.scheduler import Sample
-from services.scheduler.worker_link import output_for, step_to_proto
+from services.scheduler.worker_link import step_to_proto
 from tests.unit.scheduler.drive import (
     RecordingListener,
     finish_step,
@@ -37,7 +39,7 @@ def test_a_finished_requests_full_blocks_serve_the_next_request_with_that_prefix
     assert seq.num_computed_tokens == 8 and seq.num_new_tokens == 4
     assert [list(t.block_ids) for t in seq.block_tables] == [[0, 1, 3]]
     (result,) = finish_step(sched, step)
-    assert output_for(*result).cached_tokens == 8
+    assert output_to_proto(Output.sampled(*result)).cached_tokens == 8
     assert (sched.num_prefix_query_tokens, sched.num_prefix_hit_tokens) == (22, 8)
 
 

@@ -6,8 +6,9 @@ import grpc
 import pytest
 
 from services.common.errors import ResourceExhausted
+from services.scheduler.engine import Engine
+from services.scheduler.output_proto import output_to_proto
 from services.scheduler.request import FinishReason
-from services.scheduler.worker_link import WorkerLink
 from tests.unit.scheduler.drive import FakeClock, finish_step, make_request, make_scheduler
 
 
@@ -70,16 +71,16 @@ def test_a_request_that_never_starts_expires_after_the_longest_wait():
     assert list(sched.requests) == ["running"]
 
 
-async def test_the_worker_link_reports_expired_requests_as_deadline_exceeded():
+async def test_the_engine_reports_expired_requests_as_deadline_exceeded():
     clock = FakeClock()
     sched = make_scheduler(max_seqs=1, max_queue_wait_s=30, clock=clock)
     outputs = []
-    link = WorkerLink("127.0.0.1:9", sched.limits, outputs.extend)
-    link.scheduler = sched  # as if connected; the step loop calls _expire before each step
-    link.submit(make_request("r", [3, 4]))
+    engine = Engine("127.0.0.1:9", sched.limits, outputs.extend)
+    engine.scheduler = sched  # as if connected; each step starts by ending expired requests
+    engine.submit(make_request("r", [3, 4]))
     clock.now = 31
-    link._expire()
-    (out,) = outputs
+    engine._expire()
+    (out,) = [output_to_proto(o) for o in outputs]
     assert out.request_id == "r" and out.error.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
     assert "30s in the queue" in out.error.message
-    await link.stop()
+    await engine.stop()

@@ -1,6 +1,7 @@
 """What a request's trace shows of the scheduler's decisions: queue waits, prefill chunks, the
 decode with its events, and a preemption (a second wait, a recomputation), driven step by step
-as WorkerLink drives them, into an in-memory exporter."""
+as the Engine drives them (the Scheduler's events to a RequestTracer, each step in a StepTrace),
+into an in-memory exporter."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from layerserve.scheduler.v1 import scheduler_pb2
 from services.common import tracing
 from services.common.sampling import SamplingOptions
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
-from services.scheduler.request_trace import RequestTrace
+from services.scheduler.request_trace import RequestTracer, RequestTraces
 from services.scheduler.scheduler import Sample, Scheduler, SchedulerLimits
-from services.scheduler.step_trace import StepTrace
+from services.scheduler.step import StepResult
+from services.scheduler.step_trace import StepTracer
+from services.scheduler.submission import Submission
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{CLIENT_TRACE}-00f067aa0ba902b7-01"
@@ -35,41 +37,40 @@ def exporter() -> Iterator[InMemorySpanExporter]:
     tracing.shutdown_tracing()
 
 
-def _submit(scheduler: Scheduler, rid: str, prompt_len: int, max_tokens: int) -> Request:
-    submit = scheduler_pb2.Submit(request_id=rid, model="m", max_tokens=max_tokens)
-    submit.trace.carrier["traceparent"] = PARENT
-    request = Request(
-        rid, list(range(10, 10 + prompt_len)), max_tokens, SamplingOptions(), frozenset()
-    )
-    request.trace = RequestTrace.start(submit)
+def _submit(
+    scheduler: Scheduler, traces: RequestTraces, rid: str, prompt_len: int, max_tokens: int
+) -> Request:
+    prompt = list(range(10, 10 + prompt_len))
+    traces.start(Submission(rid, "m", prompt, max_tokens, trace_context={"traceparent": PARENT}))
+    request = Request(rid, prompt, max_tokens, SamplingOptions(), frozenset())
     scheduler.add(request)
-    request.trace.queued(request, "worker-0")
     return request
 
 
-def _step(scheduler: Scheduler) -> None:
+def _step(scheduler: Scheduler, steps: StepTracer) -> None:
     """One engine step, traced; every request that caught up samples token 7."""
     step = scheduler.schedule()
-    trace = StepTrace.begin(step, scheduler.num_steps, "worker-0")
-    scheduled = [*step.new, *((r, n) for r, n, _ in step.running)]
-    samples = [Sample(r.request_id, 7) for r, _ in scheduled if r.num_tokens_to_compute == 0]
-    trace.end(None)
-    for request, _ in scheduler.update(samples):
-        request.trace.sampled()
-        if request.finish_reason is not None:
-            request.trace.finish(request)
+    trace = steps.begin(step, scheduler.num_steps)
+    samples = [Sample(r.request_id, 7) for r, _ in step.requests if r.num_tokens_to_compute == 0]
+    trace.end(StepResult(samples))
+    scheduler.update(samples)
 
 
 def test_a_preempted_request_shows_its_second_wait_and_its_recomputation(exporter):
     # Four blocks of four tokens and no prefix cache: two 8-token prompts fill the pool, and
     # the first token that needs a new block preempts the most recent request.
     kv = KVCacheManager(BlockPool(4), 4)
-    scheduler = Scheduler(SchedulerLimits(64, 8, enable_prefix_caching=False), kv, 64, frozenset())
-    old = _submit(scheduler, "old", prompt_len=8, max_tokens=2)
-    _submit(scheduler, "new", prompt_len=8, max_tokens=2)
+    traces = RequestTraces()
+    limits = SchedulerLimits(64, 8, enable_prefix_caching=False)
+    tracer = RequestTracer(traces, "worker-0")
+    scheduler = Scheduler(limits, kv, 64, frozenset(), observers=[tracer])
+    old = _submit(scheduler, traces, "old", prompt_len=8, max_tokens=2)
+    _submit(scheduler, traces, "new", prompt_len=8, max_tokens=2)
+    steps = StepTracer(traces, "worker-0")
     for _ in range(4):
-        _step(scheduler)
+        _step(scheduler, steps)
     assert not scheduler.requests  # both finished
+    assert traces.get("old") is None and traces.get("new") is None  # closed, forgotten
 
     spans = exporter.get_finished_spans()
     assert {s.context.trace_id for s in spans if s.name != "engine step"} == {int(CLIENT_TRACE, 16)}

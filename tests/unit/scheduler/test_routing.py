@@ -14,11 +14,11 @@ SYSTEM = list(range(100, 356))  # 256 tokens: 64 blocks of 4
 
 def test_a_cached_prefix_draws_the_request_to_its_replica():
     router, _ = routed_cluster(["a:1", "b:1"])
-    a, b = router.links
+    a, b = router.engines
     serve(b, "warm", SYSTEM + [1, 2, 3])  # b alone computed the system prompt
     for i in range(4):
-        link = submit(router, f"r{i}", SYSTEM + [10 + i, 20 + i])
-        assert link is b
+        engine = submit(router, f"r{i}", SYSTEM + [10 + i, 20 + i])
+        assert engine is b
         drain(b)
     assert a.scheduler.num_steps == 0
     # The user sees it: the scheduler served the shared prefix from the cache.
@@ -27,7 +27,7 @@ def test_a_cached_prefix_draws_the_request_to_its_replica():
 
 def test_load_breaks_ties_between_replicas_without_the_prefix():
     router, _ = routed_cluster(["a:1", "b:1"])
-    a, b = router.links
+    a, b = router.engines
     a.scheduler.add(make_request("busy", list(range(500, 540)), max_tokens=4))
     assert submit(router, "new", list(range(900, 940))) is b
     # Both idle and nothing cached: new prefixes alternate rather than pile onto one replica.
@@ -38,7 +38,7 @@ def test_load_breaks_ties_between_replicas_without_the_prefix():
 
 def test_a_small_prefix_advantage_loses_to_load_a_large_one_does_not():
     router, _ = routed_cluster(["a:1", "b:1"])
-    a, b = router.links
+    a, b = router.engines
     serve(b, "warm", SYSTEM + [1])
     b.scheduler.add(make_request("queued", list(range(2000, 2100)), max_tokens=4))  # 100 tokens
     # Shares one block (4 tokens) with b's cache: not worth waiting behind 100 tokens.
@@ -53,7 +53,7 @@ def test_a_small_prefix_advantage_loses_to_load_a_large_one_does_not():
 
 def test_a_hot_replica_sheds_requests_of_its_prefix():
     router, _ = routed_cluster(["a:1", "b:1"])
-    a, b = router.links
+    a, b = router.engines
     serve(b, "warm", SYSTEM + [1])
     picks = [submit(router, f"r{i}", SYSTEM + [50 + i] * 40) for i in range(12)]
     # Nothing runs meanwhile: each request's uncached 40 tokens queue on b until a, computing
@@ -64,10 +64,10 @@ def test_a_hot_replica_sheds_requests_of_its_prefix():
 
 def test_a_replica_that_is_not_ready_is_never_picked():
     router, _ = routed_cluster(["a:1", "b:1"])
-    a, b = router.links
+    a, b = router.engines
     serve(b, "warm", SYSTEM + [1])
     b.scheduler.fail_all()
-    b.scheduler = None  # what WorkerLink._fail_all leaves while the worker is unreachable
+    b.scheduler = None  # what Engine._fail_all leaves while the worker is unreachable
     assert not b.ready
     assert all(submit(router, f"r{i}", SYSTEM + [i]) is a for i in range(5))
     a.scheduler = None
@@ -80,7 +80,7 @@ def test_round_robin_and_load_modes_ignore_the_cache():
     picks = [submit(router, f"r{i}", SYSTEM + [i]) for i in range(4)]
     assert picks[0] is not picks[1] and picks[0] is picks[2] and picks[1] is picks[3]
     router, _ = routed_cluster(["a:1", "b:1"], mode=RoutingMode.LOAD)
-    a, b = router.links
+    a, b = router.engines
     serve(b, "warm", SYSTEM + [1])
     a.scheduler.add(make_request("q", [5, 6], max_tokens=1))
     b.scheduler.add(make_request("q1", [5, 6], max_tokens=1))

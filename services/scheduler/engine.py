@@ -1,0 +1,218 @@
+"""The engine of one worker: its Scheduler, and the loop that drives the worker step by step.
+
+    async def step(self) -> bool:
+        self._expire()                          # requests that waited too long to start end
+        step = self.scheduler.schedule()        # who computes how many tokens
+        if step.is_empty: return False          # (the loop waits for a submit)
+        result = await self._execute(step)      # send it; the worker computes and samples
+        self._update(result)                    # tokens appended, finishes, outputs emitted
+        return True
+
+The worker is reached through a WorkerLink (worker_link.py, the transport). When it fails, the
+engine ends its requests (UNAVAILABLE) and connects again, with a fresh Scheduler: the worker's
+KV cache is gone with it. Tracing and metrics watch the Scheduler's events (scheduler_events.py)
+and bracket each step (step_trace.py); the engine only wires them up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from services.common.errors import LayerserveError, Unavailable
+from services.scheduler.block_pool import BlockPool
+from services.scheduler.cache_events import CacheEventListener
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.output import Output
+from services.scheduler.request import Request
+from services.scheduler.request_trace import RequestTracer, RequestTraces
+from services.scheduler.scheduler import Scheduler, SchedulerLimits
+from services.scheduler.scheduler_events import SchedulerObserver
+from services.scheduler.scheduler_metrics import SchedulerMetrics
+from services.scheduler.step import ScheduledStep, StepRejected, StepResult
+from services.scheduler.step_trace import UNTRACED, StepTrace, StepTracer
+from services.scheduler.worker_info import WorkerInfo
+from services.scheduler.worker_link import StepStream, WorkerLink, failure_reason
+from services.scheduler.worker_load import WorkerLoad
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[list[Output]], None]
+RECONNECT_SECONDS = 1.0
+
+
+class Engine:
+    def __init__(
+        self,
+        address: str,
+        limits: SchedulerLimits,
+        emit: Emit,
+        cache_events: CacheEventListener | None = None,
+        traces: RequestTraces | None = None,
+    ) -> None:
+        self.address = address
+        self.limits = limits
+        self._emit = emit  # where outputs go (the server's sessions)
+        # Told about every block this worker's prefix cache stores or evicts (a prefix index).
+        self.cache_events = cache_events
+        self.traces = traces  # the process's request traces; None: not tracing
+        self.link = WorkerLink(address)
+        self.info: WorkerInfo | None = None  # once connected
+        self.scheduler: Scheduler | None = None  # while connected
+        self._stream: StepStream | None = None  # while connected
+        self._step_tracer = StepTracer(traces, address) if traces is not None else None
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._step_id = 0
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def step(self) -> bool:
+        """One engine step. False when there is nothing to run (the loop then waits)."""
+        assert self.scheduler is not None
+        self._expire()  # requests that waited too long to start end
+        if not self.scheduler.has_work():
+            return False
+        step = self.scheduler.schedule()  # who computes how many tokens
+        if step.is_empty:
+            return False
+        result = await self._execute(step)  # the worker computes them and samples
+        self._update(result)  # tokens appended, requests finished, outputs emitted
+        return True
+
+    async def _execute(self, step: ScheduledStep) -> StepResult:
+        """Sends the step to the worker and waits for its result, inside the step's spans."""
+        assert self._stream is not None
+        self._step_id += 1
+        trace = self._trace_step(step)
+        try:
+            result = await self._stream.execute(step, self._step_id, trace.contexts)
+        except BaseException as exc:
+            trace.end(None, type(exc).__name__)
+            raise
+        trace.end(result)  # first: a request the step finishes ends after its prefill span
+        if result.error is not None:
+            raise StepRejected(f"worker rejected a step: {result.error}")
+        return result
+
+    def _update(self, result: StepResult) -> None:
+        assert self.scheduler is not None
+        updated = self.scheduler.update(result.samples)
+        if updated:
+            self._emit([Output.sampled(request, sample) for request, sample in updated])
+
+    def _expire(self) -> None:
+        assert self.scheduler is not None
+        self._emit_errors(self.scheduler.expire())
+
+    def _emit_errors(self, ended: list[Request]) -> None:
+        errors = [(r.request_id, r.error) for r in ended if r.error is not None]
+        if errors:
+            self._emit([Output.failed(request_id, error) for request_id, error in errors])
+
+    # -- requests in and out ---------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        """Raises ResourceExhausted when the worker's queue is full."""
+        assert self.scheduler is not None, "submit to an engine that is not ready"
+        self.scheduler.add(request)
+        self._wakeup.set()
+
+    def abort(self, request_id: str) -> None:
+        if self.scheduler is not None and self.scheduler.abort(request_id) is not None:
+            self._wakeup.set()
+
+    def load(self) -> WorkerLoad | None:
+        """How busy the worker is (None: not connected)."""
+        return self.scheduler.load() if self.scheduler is not None else None
+
+    # -- the worker's life -------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Live: connected, and the worker reports SERVING. Only a ready engine gets new
+        requests; one that stops being ready still runs those it has."""
+        return self.scheduler is not None and self.link.health.serving
+
+    def why_not_ready(self) -> str:
+        if self.scheduler is None:
+            return f"worker {self.address} is not connected"
+        return self.link.health.reason
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run_forever())
+        self.link.health.start()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.link.close()
+
+    async def _run_forever(self) -> None:
+        while True:
+            try:
+                await self._connect()
+                await self._run()
+            except asyncio.CancelledError:
+                raise
+            except StepRejected as err:
+                log.warning("worker %s: %s", self.address, err)
+            except Exception as err:  # a bug must not strand the engine: fail its requests
+                if (reason := failure_reason(err)) is not None:
+                    log.warning("worker %s: %s", self.address, reason)
+                else:
+                    log.exception("worker %s: step loop failed", self.address)
+            self._fail_all(Unavailable(f"worker {self.address} became unavailable"))
+            await asyncio.sleep(RECONNECT_SECONDS)
+
+    async def _connect(self) -> None:
+        info = self.info = await self.link.describe()
+        pool = BlockPool(info.num_blocks, listener=self.cache_events)
+        kv = KVCacheManager(pool, info.block_size, info.model_fingerprint, info.windows)
+        self.scheduler = Scheduler(
+            self.limits, kv, info.max_model_len, info.eos_token_ids, observers=self._observers()
+        )
+        log.info(
+            "worker %s ready: model %s, %d blocks of %d tokens, KV cache group windows %s",
+            self.address,
+            info.model,
+            info.num_blocks,
+            info.block_size,
+            info.windows,
+        )
+
+    def _observers(self) -> list[SchedulerObserver]:
+        model = self.info.model if self.info is not None else ""
+        observers: list[SchedulerObserver] = [SchedulerMetrics(model)]
+        if self.traces is not None:
+            observers.append(RequestTracer(self.traces, self.address))
+        return observers
+
+    def _trace_step(self, step: ScheduledStep) -> StepTrace:
+        if self._step_tracer is None:
+            return UNTRACED
+        return self._step_tracer.begin(step, self._step_id)
+
+    async def _run(self) -> None:
+        """Steps while there is work; waits for a submit (or the stream's end) otherwise."""
+        # A worker that dies while the engine is idle ends the stream: wake up to notice, so
+        # the engine leaves rotation (ready is False) before a request is routed to a dead one.
+        stream = self._stream = self.link.open(on_end=self._wakeup.set)
+        try:
+            while True:
+                stream.check_open()
+                if not await self.step():
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+        finally:
+            stream.close()
+            self._stream = None
+
+    def _fail_all(self, error: LayerserveError) -> None:
+        if self.scheduler is None:
+            return
+        failed = self.scheduler.fail_all(error)
+        self.scheduler = None
+        self._emit_errors(failed)

@@ -1,0 +1,36 @@
+"""What the client hears of one request after a step: its new token (and its finish, with the
+last one), or only an error. server.py turns these into scheduler.v1.RequestOutput."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.errors import LayerserveError
+from services.scheduler.request import FinishReason, Request
+from services.scheduler.step import Sample
+
+
+@dataclass(slots=True)
+class Output:
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[object] = field(default_factory=list)  # common.v1.TokenLogprob, untouched
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    finish_reason: FinishReason | None = None  # set on a request's last output
+    error: LayerserveError | None = None  # set when it ended in an error (finish_reason ERROR)
+
+    @classmethod
+    def sampled(cls, request: Request, sample: Sample) -> Output:
+        return cls(
+            request.request_id,
+            [sample.token_id],
+            [sample.logprob] if sample.logprob is not None else [],
+            request.num_prompt_tokens,
+            request.num_cached_tokens,
+            request.finish_reason,
+        )
+
+    @classmethod
+    def failed(cls, request_id: str, error: LayerserveError) -> Output:
+        return cls(request_id, finish_reason=FinishReason.ERROR, error=error)

@@ -1,0 +1,59 @@
+"""One engine step as the scheduler sees it: what it sends the worker (ScheduledStep, a diff:
+new requests in full, running ones by what changed) and what comes back (StepResult)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.scheduler.request import Request
+
+
+@dataclass(slots=True)
+class ScheduledStep:
+    new: list[tuple[Request, int]] = field(default_factory=list)  # sent in full
+    # As diffs: the request, its tokens to compute, and the blocks appended to each of its
+    # block tables (one list per KV cache group, group 0 first).
+    running: list[tuple[Request, int, list[list[int]]]] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.new or self.running or self.finished_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.new) + sum(n for _, n, _ in self.running)
+
+    @property
+    def requests(self) -> list[tuple[Request, int]]:
+        """Every request the step computes tokens for, with how many: new ones first."""
+        return [*self.new, *((r, n) for r, n, _ in self.running)]
+
+
+@dataclass(slots=True)
+class Sample:
+    request_id: str
+    token_id: int
+    logprob: object | None = None  # common.v1.TokenLogprob, passed through untouched
+
+
+@dataclass(slots=True)
+class StepResult:
+    """The worker's answer to one step."""
+
+    samples: list[Sample]
+    forward_ns: int = 0  # how long the worker's forward pass took
+    error: str | None = None  # the worker refused the step, and why (None: it ran)
+
+
+class StepRejected(Exception):
+    """The worker refused a step: its state no longer matches ours, so the link starts over."""
+
+
+@dataclass(slots=True)
+class StepContexts:
+    """The trace contexts (W3C carriers) a traced step carries to the worker, for its spans to
+    continue: the step's own, and that of each request whose prefill the step advances."""
+
+    step: dict[str, str]
+    prefills: dict[str, dict[str, str]]  # request id -> its prefill span's carrier
