@@ -94,9 +94,11 @@ class KeyRing:
 
 
 def bearer_token(authorization: str | None) -> str | None:
-    if not authorization or not authorization.startswith("Bearer "):
+    """The key of `Bearer <key>`; the scheme is case-insensitive (RFC 9110, section 11.1)."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
         return None
-    return authorization[len("Bearer ") :].strip() or None
+    return token.strip() or None
 
 
 def load_key_ring(env_keys: list[str], keys_file: str | None, defaults: KeyLimits) -> KeyRing:

@@ -95,20 +95,14 @@ def get_number(body: JsonObject, name: str, default: float) -> float:
         raise InvalidArgument(f"{name} is out of range", param=name) from None
 
 
-def get_stop(body: JsonObject, max_sequences: int) -> list[str]:
-    """`stop`: a string or a list of up to max_sequences non-empty strings."""
+def get_stop(body: JsonObject) -> list[str]:
+    """`stop`: a string or a list of strings (their count and sizes: request_validator.py)."""
     value = body.get("stop")
     if value is None:
         return []
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise _type_error("stop", "a string or an array of strings", value)
-    if len(stops) > max_sequences:
-        raise InvalidArgument(
-            f"stop takes at most {max_sequences} sequences, got {len(stops)}", param="stop"
-        )
-    if any(not s for s in stops):
-        raise InvalidArgument("stop sequences must not be empty", param="stop")
     return stops
 
 

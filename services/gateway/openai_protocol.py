@@ -1,7 +1,9 @@
 """OpenAI request bodies (POST /v1/completions, /v1/chat/completions) -> GenerationRequests.
 
 Validation happens here, before anything reaches the stack, so a bad request costs no tokenizer
-or scheduler work and its error names the offending field (`param`). Unknown fields are ignored,
+or scheduler work and its error names the offending field (`param`): JSON types and the
+OpenAI-only fields here, every rule the gRPC API shares in request_validator.py. Unknown fields
+are ignored,
 as vLLM does; known OpenAI features the stack lacks (echo, tools, logit_bias, ...) are refused
 rather than silently ignored.
 """
@@ -27,13 +29,14 @@ from services.gateway.openai_fields import (
     get_number,
     get_object,
     get_stop,
+    get_str,
     get_token_ids,
     reject_if_set,
-    require_str,
     token_id_list,
 )
 from services.gateway.openai_messages import parse_messages
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
+from services.gateway.request_validator import default_max_tokens, validate_request
 
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API caps logprobs at 5
 MAX_CHAT_TOP_LOGPROBS = 20
@@ -83,12 +86,21 @@ def parse_completion_request(
 ) -> ParsedRequest:
     logprobs = get_int(body, "logprobs", low=0, high=MAX_COMPLETION_LOGPROBS)
     template = _template(body, logprobs, trace_context, limits)
-    template.prompt, template.prompt_token_ids = _parse_prompt(body.get("prompt"), limits)
+    template.prompt, template.prompt_token_ids = _parse_prompt(body.get("prompt"))
     reject_if_set(body, "echo", get_bool(body, "echo", False), "echo")
     reject_if_set(body, "suffix", bool(body.get("suffix")), "suffix")
-    max_tokens = _max_tokens(body, "max_tokens", limits)
-    template.max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
-    return _parsed(body, RequestKind.COMPLETION, f"cmpl-{uuid.uuid4().hex}", template, limits)
+    max_tokens = get_int(body, "max_tokens")
+    param = None if max_tokens is None else "max_tokens"
+    template.max_tokens = max_tokens or 0
+    return _parsed(
+        body,
+        RequestKind.COMPLETION,
+        f"cmpl-{uuid.uuid4().hex}",
+        template,
+        limits,
+        param,
+        DEFAULT_COMPLETION_MAX_TOKENS,
+    )
 
 
 def parse_chat_request(
@@ -101,40 +113,28 @@ def parse_chat_request(
     _reject_unsupported_chat_features(body)
     template.add_generation_prompt = get_bool(body, "add_generation_prompt", True)
     # max_completion_tokens replaced max_tokens in OpenAI's chat API; the newer name wins.
-    max_completion_tokens = _max_tokens(body, "max_completion_tokens", limits)
-    max_tokens = _max_tokens(body, "max_tokens", limits)
-    chosen = max_completion_tokens if max_completion_tokens is not None else max_tokens
-    # 0: up to the context length, or the gateway's own cap when it has one.
-    template.max_tokens = chosen or limits.max_tokens
-    return _parsed(body, RequestKind.CHAT, f"chatcmpl-{uuid.uuid4().hex}", template, limits)
+    param = "max_completion_tokens"
+    chosen = get_int(body, param)
+    if chosen is None:
+        param, chosen = "max_tokens", get_int(body, "max_tokens")
+    template.max_tokens = chosen or 0
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    given = None if chosen is None else param
+    return _parsed(body, RequestKind.CHAT, response_id, template, limits, given, None)
 
 
-def _max_tokens(body: JsonObject, name: str, limits: RequestLimits) -> int | None:
-    return get_int(body, name, low=1, high=limits.max_tokens or INT32_MAX)
-
-
-def _parse_prompt(value: Any, limits: RequestLimits) -> tuple[str | None, list[int] | None]:
+def _parse_prompt(value: Any) -> tuple[str | None, list[int] | None]:
     """`prompt`: a string, a list of token ids, or a one-element list of either."""
     if value is None:
         raise InvalidArgument("prompt is required", param="prompt")
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
         value = value[0]
     if isinstance(value, str):
-        if not value:
-            raise InvalidArgument("prompt must not be empty", param="prompt")
         return value, None
     if not isinstance(value, list):
         raise InvalidArgument("prompt must be a string or an array of token ids", param="prompt")
-    if not value:
-        raise InvalidArgument("prompt must not be empty", param="prompt")
-    if all(isinstance(p, str | list) for p in value):
+    if value and all(isinstance(p, str | list) for p in value):
         raise InvalidArgument("batched prompts are not supported", param="prompt")
-    if limits.max_prompt_tokens and len(value) > limits.max_prompt_tokens:
-        raise InvalidArgument(
-            f"prompt has {len(value)} tokens; this server accepts at most "
-            f"{limits.max_prompt_tokens} prompt tokens",
-            param="prompt",
-        )
     return None, token_id_list(value, "prompt")
 
 
@@ -164,9 +164,9 @@ def _template(
     reject_if_set(body, "logit_bias", bool(body.get("logit_bias")), "logit_bias")
     return GenerationRequest(
         request_id="",
-        model=require_str(body, "model"),
+        model=get_str(body, "model") or "",
         sampling=_sampling(body, logprobs),
-        stop=get_stop(body, limits.max_stop_sequences),
+        stop=get_stop(body),
         stop_token_ids=get_token_ids(body, "stop_token_ids"),
         ignore_eos=get_bool(body, "ignore_eos", False),
         skip_special_tokens=get_bool(body, "skip_special_tokens", True),
@@ -189,8 +189,7 @@ def _sampling(body: JsonObject, logprobs: int | None) -> SamplingOptions:
         seed=get_int(body, "seed"),
         logprobs=logprobs,
     )
-    options.validate()
-    return options
+    return options  # validated with the rest, by request_validator
 
 
 def _parsed(
@@ -199,6 +198,8 @@ def _parsed(
     response_id: str,
     template: GenerationRequest,
     limits: RequestLimits,
+    max_tokens_param: str | None,
+    preferred_default: int | None,
 ) -> ParsedRequest:
     n = get_int(body, "n", low=1, high=limits.max_n) or 1
     best_of = get_int(body, "best_of", low=1)
@@ -206,6 +207,10 @@ def _parsed(
     stream = get_bool(body, "stream", False)
     # stream_options means nothing without stream; OpenAI refuses it, vLLM too, we ignore it.
     include_usage = _include_usage(body) and stream
+    validate_request(template, n, limits, max_tokens_param)
+    if max_tokens_param is None:
+        template.max_tokens = default_max_tokens(n, limits, preferred_default)
+        template.max_tokens_is_default = True
     requests = [_choice(template, response_id, i) for i in range(n)]
     return ParsedRequest(kind, response_id, template.model, stream, include_usage, requests)
 
