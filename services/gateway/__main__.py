@@ -9,14 +9,16 @@ from redis.asyncio import Redis
 
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.drain_gate import DrainGate
-from services.common.grpc_util import add_port, new_server, process_tls
+from services.common.grpc_util import add_port, process_tls
 from services.common.health import Health, service_name
 from services.common.logs import setup_logging
 from services.common.serve import drain_server, run_service, wait_for_shutdown
 from services.common.tracing import setup_tracing, shutdown_tracing
+from services.gateway.concurrency import ConcurrencyLimiter, RedisLeases
 from services.gateway.config import GatewayConfig
+from services.gateway.default_length import DefaultLengthBackend
 from services.gateway.front_door import FrontDoor
-from services.gateway.grpc_api import GatewayServicer
+from services.gateway.grpc_api import GatewayServicer, public_server
 from services.gateway.http_app import create_app
 from services.gateway.lifecycle import Lifecycle
 from services.gateway.prompt_log import PromptLoggingBackend
@@ -33,7 +35,8 @@ async def main() -> None:
     setup_tracing("gateway")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
     front_door = _front_door(config)
     tokenizer = TokenizerBackend(config.tokenizer)
-    backend = PromptLoggingBackend(tokenizer) if config.log_prompts else tokenizer
+    stack = DefaultLengthBackend(tokenizer)
+    backend = PromptLoggingBackend(stack) if config.log_prompts else stack
     if config.log_prompts:
         log.warning("LAYERSERVE_LOG_PROMPTS is on: prompts and completions go to this log")
     lifecycle = Lifecycle(tokenizer.readiness)
@@ -49,7 +52,7 @@ async def main() -> None:
     site = web.TCPSite(runner, config.host, config.http_port, ssl_context=ssl_context)
     await site.start()
     gate = DrainGate("the gateway")
-    grpc_server = new_server([gate], public=True)
+    grpc_server = public_server(config.limits, [gate])
     gateway_pb2_grpc.add_GatewayServicer_to_server(
         GatewayServicer(backend, front_door, config.limits), grpc_server
     )
@@ -100,8 +103,16 @@ def _front_door(config: GatewayConfig) -> FrontDoor:
         redis = None
         buckets = LocalBuckets()
         log.info("no Redis: rate limits and usage are per gateway replica")
-    limiter = RateLimiter(buckets, fail_open=config.rate_limit_fail_open)
-    return FrontDoor(config.keys, limiter, UsageLedger(redis), max_inflight=config.max_inflight)
+    fail_open = config.rate_limit_fail_open
+    limiter = RateLimiter(buckets, fail_open=fail_open)
+    leases = RedisLeases(redis) if redis is not None else None
+    return FrontDoor(
+        config.keys,
+        limiter,
+        UsageLedger(redis),
+        max_inflight=config.max_inflight,
+        concurrency=ConcurrencyLimiter(leases, fail_open=fail_open),
+    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ class GenerationRequest:
     prompt_token_ids: list[int] | None = None
     add_generation_prompt: bool = True
     max_tokens: int = 0  # 0 = up to the context length
+    # The client set no max_tokens: the gateway's default, which may be cut to what fits.
+    max_tokens_is_default: bool = False
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)

@@ -5,13 +5,18 @@ slows generation: deltas queue up, and the writer takes everything queued at onc
 it per choice (`coalesce`). Each pump also owns closing its iterator, so `close()` is a plain
 synchronous cancel that still aborts every backend request even when the caller is itself being
 cancelled (client gone, server shutting down).
+
+The buffer is bounded: past MAX_BUFFERED_ITEMS unread items it is merged in place, one delta
+per choice, so a client that reads slowly costs the text it has not read yet (at most the
+request's n x max_tokens tokens), never one object per token. A client that stops reading is
+cut off by the writer (`write_within`) after the gateway's stalled_client_seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 from services.common.errors import Cancelled, Internal
 from services.gateway.backend import Backend, GenerationDelta, GenerationRequest
@@ -20,6 +25,8 @@ log = logging.getLogger(__name__)
 
 # (choice index, what it produced): a delta, or the exception that ended the choice.
 Item = tuple[int, GenerationDelta | BaseException]
+
+MAX_BUFFERED_ITEMS = 64
 
 # Strong references to running pumps: the event loop keeps only weak ones, and a pump that was
 # cancelled must live on until it has closed its iterator, after its request handler is gone.
@@ -31,7 +38,8 @@ class ChoiceStreams:
     with finish_reason set, or an exception."""
 
     def __init__(self, backend: Backend, requests: list[GenerationRequest]) -> None:
-        self._queue: asyncio.Queue[Item] = asyncio.Queue()
+        self._items: list[Item] = []  # in arrival order, merged when it outgrows the bound
+        self._ready = asyncio.Event()
         self._open = set(range(len(requests)))  # choices whose terminal item is still to come
         self._tasks = [
             asyncio.create_task(self._pump(i, backend, r), name=f"pump {r.request_id}")
@@ -45,11 +53,17 @@ class ChoiceStreams:
     def finished(self) -> bool:
         return not self._open
 
+    @property
+    def buffered(self) -> int:
+        """Items waiting for the reader (at most MAX_BUFFERED_ITEMS)."""
+        return len(self._items)
+
     async def next_batch(self) -> list[Item]:
         """Waits for one item, then takes everything else already queued, in arrival order."""
-        items = [await self._queue.get()]
-        while not self._queue.empty():
-            items.append(self._queue.get_nowait())
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        items, self._items = self._items, []
         for index, item in items:
             if _is_terminal(item):
                 self._open.discard(index)
@@ -72,6 +86,12 @@ class ChoiceStreams:
         for task in self._tasks:
             task.cancel()
 
+    def _put(self, item: Item) -> None:
+        self._items.append(item)
+        if len(self._items) > MAX_BUFFERED_ITEMS:
+            self._items = _compacted(self._items)
+        self._ready.set()
+
     async def _pump(self, index: int, backend: Backend, request: GenerationRequest) -> None:
         iterator: AsyncIterator[GenerationDelta] | None = None
         ended = False
@@ -79,17 +99,17 @@ class ChoiceStreams:
             iterator = backend.generate(request)
             async for delta in iterator:
                 ended = delta.finish_reason is not None
-                self._queue.put_nowait((index, delta))
+                self._put((index, delta))
                 if ended:
                     return
             ended = True
-            self._queue.put_nowait((index, Internal("generation ended without a finish reason")))
+            self._put((index, Internal("generation ended without a finish reason")))
         except Exception as exc:  # handed to the consumer, which logs and maps it
             ended = True
-            self._queue.put_nowait((index, exc))
+            self._put((index, exc))
         finally:
             if not ended:  # cancelled: wake any reader rather than leave it waiting forever
-                self._queue.put_nowait((index, Cancelled("generation was cancelled")))
+                self._put((index, Cancelled("generation was cancelled")))
             if iterator is not None:
                 await _close_iterator(iterator, request.request_id)
 
@@ -107,6 +127,28 @@ async def _close_iterator(iterator: AsyncIterator[GenerationDelta], request_id: 
         await aclose()
     except Exception:  # the request is over either way; the operator gets a note
         log.warning("request %s: closing the backend stream failed", request_id, exc_info=True)
+
+
+def _compacted(items: list[Item]) -> list[Item]:
+    """The same items merged per choice: what the reader would have written, in fewer objects.
+    Items after an error go: the reader stops at the first error anyway."""
+    merged, error = coalesce(items)
+    compact: list[Item] = list(merged.items())
+    if error is not None:
+        compact.append((next(i for i, item in items if item is error), error))
+    return compact
+
+
+class ClientStalled(Exception):
+    """The client took nothing for the gateway's stalled_client_seconds."""
+
+
+async def write_within(write: Awaitable[None], seconds: float) -> None:
+    """Awaits a write to the client; raises ClientStalled when it is not taken in time."""
+    try:
+        await asyncio.wait_for(write, seconds)
+    except TimeoutError:
+        raise ClientStalled(f"the client read nothing for {seconds:g}s") from None
 
 
 def coalesce(items: list[Item]) -> tuple[dict[int, GenerationDelta], BaseException | None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from services.common.env import env_int, env_list, env_str
+from services.common.env import env_float, env_int, env_list, env_str
 from services.common.serve import DEFAULT_DRAIN_TIMEOUT_S, add_drain_timeout_flag
 from services.gateway.api_keys import KeyLimits, KeyRing, load_key_ring
 from services.gateway.request_limits import RequestLimits
@@ -47,6 +47,12 @@ class GatewayConfig:
                 max_tokens=a.max_tokens,
                 max_n=a.max_n,
                 max_stop_sequences=a.max_stop_sequences,
+                max_request_tokens=a.max_request_tokens,
+                default_max_tokens=a.default_max_tokens,
+                max_stop_length=a.max_stop_length,
+                max_stop_token_ids=a.max_stop_token_ids,
+                max_bytes_per_token=a.max_bytes_per_token,
+                stalled_client_seconds=a.stalled_client_seconds,
             )
         except ValueError as err:
             p.error(str(err))
@@ -106,8 +112,32 @@ def _limit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=env_int("MAX_PROMPT_TOKENS", 0))
     p.add_argument("--max-tokens", type=int, default=env_int("MAX_TOKENS", 0))
     p.add_argument("--max-n", type=int, default=env_int("MAX_N", d.max_n))
+    for name, text in (
+        ("max-stop-sequences", "stop strings per request"),
+        ("max-stop-length", "characters of one stop string"),
+        ("max-stop-token-ids", "stop_token_ids per request"),
+        (
+            "max-request-tokens",
+            "n x max_tokens of one request; also what it reserves against "
+            "its key's tokens_per_minute",
+        ),
+        (
+            "default-max-tokens",
+            "max_tokens of a chat or gRPC request that sets none (fewer "
+            "when the prompt leaves less room)",
+        ),
+        (
+            "max-bytes-per-token",
+            "UTF-8 bytes of the longest token: a prompt of more than "
+            "max_prompt_tokens (else the context length) times this is refused untokenized",
+        ),
+    ):
+        attr = name.replace("-", "_")
+        env = attr.upper()
+        p.add_argument(f"--{name}", type=int, default=env_int(env, getattr(d, attr)), help=text)
     p.add_argument(
-        "--max-stop-sequences",
-        type=int,
-        default=env_int("MAX_STOP_SEQUENCES", d.max_stop_sequences),
+        "--stalled-client-seconds",
+        type=float,
+        default=env_float("STALLED_CLIENT_SECONDS", d.stalled_client_seconds),
+        help="a stream whose client takes nothing for this long is cut off and aborted",
     )

@@ -9,14 +9,17 @@ Both front ends (HTTP and gRPC) go through one FrontDoor:
         ... metered.generate(...) ...  # usage is recorded and tokens charged on exit
 
 Overload is answered at once, never queued: a full gateway is 503, a key over its concurrency
-or rate limit is 429, both with Retry-After.
+or rate limit is 429, both with Retry-After. Admission reserves what the request may cost
+against the key's token bucket (its prompt, estimated, plus n x max_tokens); the exit settles
+the real count (rate_limiter.py). A key's concurrency is counted across replicas
+(concurrency.py).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -24,6 +27,7 @@ from services.common import tracing
 from services.common.errors import NotFound, ResourceExhausted, Unauthenticated, Unavailable
 from services.gateway.api_keys import ANONYMOUS, ApiKey, KeyRing, bearer_token
 from services.gateway.backend import Backend, GenerationDelta, GenerationRequest, ModelCard
+from services.gateway.concurrency import ConcurrencyLimiter
 from services.gateway.openai_responses import UsageTally
 from services.gateway.rate_limiter import LocalBuckets, RateLimiter
 from services.gateway.request_metrics import IN_FLIGHT, RATE_LIMITED, ChoiceTimer
@@ -40,13 +44,14 @@ class FrontDoor:
         ledger: UsageLedger | None = None,
         *,
         max_inflight: int = 0,  # 0: unbounded
+        concurrency: ConcurrencyLimiter | None = None,
     ) -> None:
         self.keys = keys
         self._limiter = limiter or RateLimiter(LocalBuckets(), fail_open=True)
         self.ledger = ledger or UsageLedger()
         self._max_inflight = max_inflight
         self._inflight = 0
-        self._streams: Counter[str] = Counter()  # requests in flight per key (this replica)
+        self._concurrency = concurrency or ConcurrencyLimiter()
 
     @property
     def inflight(self) -> int:
@@ -84,13 +89,21 @@ class FrontDoor:
                 param="model",
             )
         with tracing.current_child("rate_limit"):
-            self._take_place(key)
+            self._take_place()
+            lease = None
             try:
-                await self._limiter.admit(key)
+                try:
+                    lease = await self._concurrency.acquire(key)
+                except ResourceExhausted:
+                    RATE_LIMITED.labels(limit="concurrent").inc()
+                    raise
+                reserved = await self._limiter.admit(key, reservation(requests))
             except BaseException as err:
-                if isinstance(err, ResourceExhausted):
+                if isinstance(err, ResourceExhausted) and lease is not None:
                     RATE_LIMITED.labels(limit="rate").inc()
-                self._leave(key)
+                if lease is not None:
+                    await self._concurrency.release(lease)
+                self._leave()
                 raise
         try:
             for request in requests:
@@ -99,11 +112,12 @@ class FrontDoor:
             try:
                 yield metered
             finally:
-                await self._settle(key, metered.tally)
+                await self._settle(key, metered.tally, reserved)
         finally:
-            self._leave(key)
+            await self._concurrency.release(lease)
+            self._leave()
 
-    def _take_place(self, key: ApiKey) -> None:
+    def _take_place(self) -> None:
         if self._max_inflight and self._inflight >= self._max_inflight:
             error = Unavailable(
                 f"the gateway is at capacity ({self._max_inflight} requests in flight); "
@@ -111,26 +125,15 @@ class FrontDoor:
             )
             error.retry_after = 1
             raise error
-        limit = key.limits.max_concurrent
-        if limit and self._streams[key.tenant] >= limit:
-            error = ResourceExhausted(
-                f"API key {key.name!r} already has {limit} requests in flight, its limit; "
-                "retry when one finishes"
-            )
-            error.retry_after = 1
-            RATE_LIMITED.labels(limit="concurrent").inc()
-            raise error
         self._inflight += 1
-        self._streams[key.tenant] += 1
         IN_FLIGHT.inc()
 
-    def _leave(self, key: ApiKey) -> None:
+    def _leave(self) -> None:
         """Gives back the place _take_place took."""
         self._inflight -= 1
-        self._streams[key.tenant] -= 1
         IN_FLIGHT.dec()
 
-    async def _settle(self, key: ApiKey, tally: UsageTally) -> None:
+    async def _settle(self, key: ApiKey, tally: UsageTally, reserved: int) -> None:
         counts = tally.as_json()
         usage = Usage(
             requests=1,
@@ -138,8 +141,29 @@ class FrontDoor:
             completion_tokens=counts["completion_tokens"],
             cached_tokens=counts["prompt_tokens_details"]["cached_tokens"],
         )
-        await self._limiter.charge(key, usage.prompt_tokens + usage.completion_tokens)
+        await self._limiter.settle(key, reserved, usage.prompt_tokens + usage.completion_tokens)
         await self.ledger.record(key.tenant, usage)
+
+
+# Characters per token of ordinary text, to estimate a prompt not tokenized yet; the settlement
+# at the end corrects the estimate either way.
+_CHARS_PER_TOKEN = 4
+
+
+def reservation(requests: list[GenerationRequest]) -> int:
+    """What the request may cost at most: its prompt (estimated: it is not tokenized yet) plus
+    every choice's max_tokens."""
+    if not requests:
+        return 0
+    first = requests[0]
+    if first.prompt_token_ids is not None:
+        prompt = len(first.prompt_token_ids)
+    else:
+        texts = [m.content for m in first.messages] if first.messages else [first.prompt or ""]
+        prompt = math.ceil(sum(map(len, texts)) / _CHARS_PER_TOKEN)
+        if first.max_prompt_tokens:
+            prompt = min(prompt, first.max_prompt_tokens)
+    return prompt + sum(r.max_tokens for r in requests)
 
 
 class _MeteredBackend:

@@ -1,4 +1,9 @@
-"""The public gateway.v1.Gateway gRPC API, on the same Backend as the HTTP API."""
+"""The public gateway.v1.Gateway gRPC API, on the same Backend as the HTTP API.
+
+Requests go through the HTTP API's validator (request_validator.py) and front door, and their
+deltas through the same bounded buffer (choice_streams.py): a client that takes no message for
+stalled_client_seconds is cut off and its request aborted.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,6 @@ import contextlib
 import logging
 import sys
 import uuid
-from collections.abc import AsyncIterator
 
 import grpc
 from opentelemetry.trace import Span
@@ -16,17 +20,31 @@ from layerserve.common.v1 import common_pb2
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common import tracing
 from services.common.errors import InvalidArgument, LayerserveError
+from services.common.grpc_util import SERVER_OPTIONS
 from services.common.sampling import SamplingOptions
 from services.gateway import request_span
 from services.gateway.api_keys import ApiKey
 from services.gateway.backend import Backend, ChatMessage, GenerationRequest
+from services.gateway.choice_streams import ChoiceStreams, ClientStalled, coalesce, write_within
 from services.gateway.front_door import FrontDoor
+from services.gateway.prompt_guard import PromptGuard
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
 from services.gateway.request_metrics import count_error, error_code
+from services.gateway.request_validator import default_max_tokens, validate_request
 
 log = logging.getLogger(__name__)
 
 _FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
+
+
+def public_server(
+    limits: RequestLimits, interceptors: list[grpc.aio.ServerInterceptor]
+) -> grpc.aio.Server:
+    """The public gRPC server: it takes no message larger than an HTTP body may be, so a
+    20 MB prompt is refused by gRPC itself (RESOURCE_EXHAUSTED) before anything reads it."""
+    options = [(k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"]
+    options.append(("grpc.max_receive_message_length", limits.max_body_bytes))
+    return grpc.aio.server(options=options, interceptors=interceptors)
 
 
 def request_from_proto(
@@ -35,25 +53,12 @@ def request_from_proto(
     trace_context: dict[str, str],
     limits: RequestLimits = DEFAULT_LIMITS,
 ) -> GenerationRequest:
-    if not msg.model:
-        raise InvalidArgument("model is required", param="model")
-    if msg.HasField("max_tokens") and not 1 <= msg.max_tokens <= (limits.max_tokens or 2**31):
-        bound = f"between 1 and {limits.max_tokens}" if limits.max_tokens else "at least 1"
-        raise InvalidArgument(
-            f"max_tokens must be {bound}, got {msg.max_tokens}", param="max_tokens"
-        )
-    if len(msg.stop) > limits.max_stop_sequences:
-        raise InvalidArgument(
-            f"stop takes at most {limits.max_stop_sequences} sequences, got {len(msg.stop)}",
-            param="stop",
-        )
-    sampling = SamplingOptions.from_proto(msg.sampling)
-    sampling.validate()
+    """The request, checked by the validator the HTTP API uses (request_validator.py)."""
     req = GenerationRequest(
         request_id=request_id,
         model=msg.model,
-        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else limits.max_tokens,
-        sampling=sampling,
+        max_tokens=msg.max_tokens,
+        sampling=SamplingOptions.from_proto(msg.sampling),
         stop=list(msg.stop),
         ignore_eos=msg.ignore_eos,
         trace_context=trace_context,
@@ -62,10 +67,15 @@ def request_from_proto(
     which = msg.WhichOneof("input")
     if which == "prompt":
         req.prompt = msg.prompt
-    elif which == "chat" and msg.chat.messages:
+    elif which == "chat":
         req.messages = [ChatMessage(m.role, m.content) for m in msg.chat.messages]
     else:
-        raise InvalidArgument("give a prompt or at least one chat message", param="prompt")
+        raise InvalidArgument("prompt or chat is required", param="prompt")
+    given = msg.HasField("max_tokens")
+    validate_request(req, 1, limits, "max_tokens" if given else None)
+    if not given:
+        req.max_tokens = default_max_tokens(1, limits)
+        req.max_tokens_is_default = True
     return req
 
 
@@ -79,6 +89,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._backend = backend
         self._door = front_door
         self._limits = limits
+        self._prompt_guard = PromptGuard(backend, limits)
 
     async def _authorize(self, context: grpc.aio.ServicerContext) -> tuple[ApiKey, dict]:
         """Aborts with UNAUTHENTICATED unless the key is good; returns it and the metadata."""
@@ -92,28 +103,27 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             )
         return key, metadata
 
-    async def Generate(self, request, context) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+    async def Generate(self, request, context) -> None:
+        """Streams with context.write rather than yield: a write can be given a time limit."""
         request_id = f"gen-{uuid.uuid4().hex}"
-        # The request's span is current only around the front door's checks, never across a
-        # yield: this generator may be finalized in another task.
         span = request_span.start_grpc(context)
         try:
             with tracing.use(span):
                 key, metadata = await self._authorize(context)
             trace = tracing.forward(span, request_span.client_context(metadata))
             req = request_from_proto(request, request_id, trace, self._limits)
+            await self._prompt_guard.check(req)
             request_span.describe(span, request_id, [req])
             async with contextlib.AsyncExitStack() as stack:
                 with tracing.use(span):
                     door = self._door.admit(key, req.model, self._backend, [req])
                     backend = await stack.enter_async_context(door)
-                responses = _deliver(span, backend, req)
-                try:
-                    async for response in responses:
-                        yield response
-                finally:
-                    await responses.aclose()  # now, not when collected: it aborts the request
+                await _deliver(context, span, backend, req, self._limits.stalled_client_seconds)
                 request_span.settle(span, getattr(backend, "tally", None))
+        except ClientStalled as stalled:
+            log.warning("request %s: %s; cut off and aborted", request_id, stalled)
+            count_error("cancelled")
+            await context.abort(grpc.StatusCode.CANCELLED, f"{stalled}; cut off")
         except LayerserveError as err:
             count_error(error_code(err))
             retry_after = getattr(err, "retry_after", None)
@@ -145,19 +155,29 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
 
 async def _deliver(
-    span: Span | None, backend: Backend, req: GenerationRequest
-) -> AsyncIterator[gateway_pb2.GenerateResponse]:
-    """The choice's deltas as responses; a `deliver` span from the first to the last."""
+    context: grpc.aio.ServicerContext,
+    span: Span | None,
+    backend: Backend,
+    req: GenerationRequest,
+    stalled_client_seconds: float,
+) -> None:
+    """The choice's deltas as responses, merged while the client reads slowly; a `deliver`
+    span from the first to the last. Raises the choice's error, or ClientStalled."""
     deliver = None
-    deltas = backend.generate(req)
+    streams = ChoiceStreams(backend, [req])
     try:
-        async for delta in deltas:
-            if deliver is None and span is not None:
-                deliver = tracing.start_span("deliver", span)
-            yield _response(delta, req.request_id)
+        while not streams.finished:
+            merged, error = coalesce(await streams.next_batch())
+            if error is not None:
+                raise error
+            for delta in merged.values():
+                if deliver is None and span is not None:
+                    deliver = tracing.start_span("deliver", span)
+                response = _response(delta, req.request_id)
+                await write_within(context.write(response), stalled_client_seconds)
     finally:
+        streams.close()  # aborts the request upstream unless it finished
         tracing.finish(deliver)
-        await deltas.aclose()
 
 
 def _response(delta, request_id: str) -> gateway_pb2.GenerateResponse:

@@ -36,6 +36,7 @@ from services.gateway.http_json import (
     json_response,
 )
 from services.gateway.lifecycle import LIFECYCLE, Lifecycle
+from services.gateway.log_text import excerpt, log_safe
 from services.gateway.openai_protocol import (
     ParsedRequest,
     parse_chat_request,
@@ -43,8 +44,10 @@ from services.gateway.openai_protocol import (
     parse_json_body,
 )
 from services.gateway.openapi import openapi_handler
+from services.gateway.prompt_guard import PromptGuard
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
 from services.gateway.request_metrics import error_counter, serve_metrics
+from services.gateway.request_validator import check_model_name
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ Parser = Callable[[dict, dict[str, str], RequestLimits], ParsedRequest]
 BACKEND = web.AppKey("backend", Backend)
 FRONT_DOOR = web.AppKey("front_door", FrontDoor)
 LIMITS = web.AppKey("limits", RequestLimits)
+PROMPT_GUARD = web.AppKey("prompt_guard", PromptGuard)
 REQUEST_ID = web.RequestKey("request_id", str)
 CALLER = web.RequestKey("caller", ApiKey)
 CLIENT_GAVE_ID = web.RequestKey("client_gave_id", bool)
@@ -93,6 +97,7 @@ def create_app(
     app[BACKEND] = backend
     app[FRONT_DOOR] = front_door or FrontDoor(KeyRing([]))
     app[LIMITS] = limits
+    app[PROMPT_GUARD] = PromptGuard(backend, limits)
     app.on_response_prepare.append(_add_request_id_header)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
@@ -145,7 +150,8 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except LayerserveError as err:
         level = logging.WARNING if err.http_status >= 500 else logging.INFO  # ours, not theirs
-        log.log(level, "request %s: %s: %s", request[REQUEST_ID], type(err).__name__, err.message)
+        name = type(err).__name__
+        log.log(level, "request %s: %s: %s", request[REQUEST_ID], name, log_safe(err.message))
         return error_response(err)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -184,11 +190,13 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
     limits = request.app[LIMITS]
+    _require_json(request)
     parsed = parse(parse_json_body(await request.read()), _trace_context(request), limits)
     if not request[CLIENT_GAVE_ID]:
         # Our own id is the response id, which prefixes the id of every choice in the other
         # services' logs: one grep finds the request everywhere.
         request[REQUEST_ID] = parsed.response_id
+    await request.app[PROMPT_GUARD].check(parsed.requests[0])  # the choices share the prompt
     request_span.describe(request.get(SPAN), parsed.response_id, parsed.requests)
     caller = request[CALLER]
     door = request.app[FRONT_DOOR]
@@ -203,11 +211,25 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
             parsed.stream,
         )
         if parsed.stream:
-            response = await respond_stream(request, request[REQUEST_ID], backend, parsed)
+            stall = limits.stalled_client_seconds
+            response = await respond_stream(request, request[REQUEST_ID], backend, parsed, stall)
         else:
             response = await respond_full(backend, parsed)
         request_span.settle(request.get(SPAN), getattr(backend, "tally", None))
         return response
+
+
+def _require_json(request: web.Request) -> None:
+    """A body that says it is something else (text/plain, a form) is refused, not guessed at:
+    415. A request without any Content-Type is read as JSON."""
+    if "Content-Type" not in request.headers:
+        return
+    kind = request.content_type  # the media type, lowercased, without parameters
+    if kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json")):
+        return
+    raise web.HTTPUnsupportedMediaType(
+        text=f"Content-Type must be application/json, not {excerpt(kind)}"
+    )
 
 
 def _trace_context(request: web.Request) -> dict[str, str]:
@@ -222,6 +244,7 @@ async def _list_models(request: web.Request) -> web.Response:
 
 async def _get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model"]
+    check_model_name(model_id)  # a 400 that quotes no more than an excerpt of it
     for card in await _visible_models(request):
         if card.id == model_id:
             return json_response(_model_json(card))

@@ -7,8 +7,9 @@ those deserve their HTTP status rather than an error event inside a 200. After t
 becomes an SSE `error` event and the stream ends.
 
 Whatever ends the handler (success, error, the client resetting the connection, the handler
-task being cancelled) closes every choice's backend iterator: `ChoiceStreams.close()` in a
-`finally`, so the backend aborts at once instead of generating for nobody.
+task being cancelled, the client reading nothing for stalled_client_seconds) closes every
+choice's backend iterator: `ChoiceStreams.close()` in a `finally`, so the backend aborts at once
+instead of generating for nobody, and the scheduler frees the request's KV blocks.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from aiohttp import web
 from services.common import tracing
 from services.common.errors import LayerserveError
 from services.gateway.backend import Backend, GenerationDelta
-from services.gateway.choice_streams import ChoiceStreams, Item, coalesce, merge_deltas
+from services.gateway.choice_streams import (
+    ChoiceStreams,
+    ClientStalled,
+    Item,
+    coalesce,
+    merge_deltas,
+    write_within,
+)
 from services.gateway.http_json import SSE_DONE, error_payload, json_response, sse_event
 from services.gateway.openai_protocol import ParsedRequest
 from services.gateway.openai_responses import ResponseBuilder
@@ -54,20 +62,30 @@ async def respond_full(backend: Backend, parsed: ParsedRequest) -> web.Response:
 
 
 async def respond_stream(
-    request: web.Request, request_id: str, backend: Backend, parsed: ParsedRequest
+    request: web.Request,
+    request_id: str,
+    backend: Backend,
+    parsed: ParsedRequest,
+    stalled_client_seconds: float,
 ) -> web.StreamResponse:
     streams = ChoiceStreams(backend, parsed.requests)
     try:
         first = await streams.first_batch()
         _raise_any_error(first)
         response = web.StreamResponse(headers=SSE_HEADERS)
+        sink = _Sink(response, stalled_client_seconds)
         try:
             with tracing.current_child("deliver"):  # from the first chunk to the last
                 await response.prepare(request)
-                await _write_events(response, streams, ResponseBuilder(parsed), first, request_id)
+                await _write_events(sink, streams, ResponseBuilder(parsed), first, request_id)
         except ConnectionError:  # aiohttp's ClientConnectionResetError is one
             log.info("request %s: client went away mid-stream; aborting", request_id)
             count_error("cancelled")  # a 200 already: the error middleware cannot see it
+        except ClientStalled as stalled:
+            log.warning("request %s: %s; cut off and aborted", request_id, stalled)
+            count_error("cancelled")
+            if request.transport is not None:
+                request.transport.abort()  # drops what is buffered for the client too
         return response
     finally:
         streams.close()
@@ -79,8 +97,22 @@ def _raise_any_error(items: list[Item]) -> None:
             raise item
 
 
+class _Sink:
+    """The response's writes, each given stalled_client_seconds to be taken."""
+
+    def __init__(self, response: web.StreamResponse, stalled_client_seconds: float) -> None:
+        self._response = response
+        self._seconds = stalled_client_seconds
+
+    async def write(self, data: bytes) -> None:
+        await write_within(self._response.write(data), self._seconds)
+
+    async def write_eof(self) -> None:
+        await write_within(self._response.write_eof(), self._seconds)
+
+
 async def _write_events(
-    response: web.StreamResponse,
+    response: _Sink,
     streams: ChoiceStreams,
     builder: ResponseBuilder,
     items: list[Item],

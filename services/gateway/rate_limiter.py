@@ -4,9 +4,12 @@ With Redis, the buckets live there and one Lua script updates them atomically on
 clock, so every gateway replica shares one limit. Without Redis, each replica keeps its own
 buckets (the same arithmetic, in-process) and the limit is per replica.
 
-Tokens are charged after a request ends (prompt plus completion), when the count is known; a
-request is admitted while the key's token bucket is not in debt. A key that overspends waits
-until the bucket refills past zero; the debt is capped at one minute's worth.
+A request is admitted while the key's token bucket is not in debt, and admission takes what
+the request may cost at most from the bucket at once, atomically: its prompt (estimated) plus
+n x max_tokens. When it ends, the real count is settled: what it did not use goes back, what the
+prompt estimate missed is taken. So concurrent requests cannot all start on one full bucket:
+a key overspends its limit by at most one request's reservation, and then waits until the
+bucket refills past zero.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from services.gateway.api_keys import ApiKey, KeyLimits
 log = logging.getLogger(__name__)
 
 # KEYS: the request bucket, the token bucket. ARGV: request capacity, token capacity (per
-# minute; 0 = unlimited). Returns {1, 0} when admitted (one request taken), else {0, ms to wait}.
+# minute; 0 = unlimited), tokens to reserve. Returns {1, 0} when admitted (one request and the
+# reservation taken), else {0, ms to wait}.
 _ADMIT_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -38,27 +42,33 @@ if rcap > 0 then
   r = level(KEYS[1], rcap)
   if r < 1 then return {0, math.ceil((1 - r) * 60000 / rcap)} end
 end
+local tk
 if tcap > 0 then
-  local tk = level(KEYS[2], tcap)
+  tk = level(KEYS[2], tcap)
   if tk <= 0 then return {0, math.ceil((1 - tk) * 60000 / tcap)} end
 end
 if rcap > 0 then
   redis.call('HSET', KEYS[1], 'level', r - 1, 'ts', now)
   redis.call('PEXPIRE', KEYS[1], math.ceil((rcap - r + 1) * 60000 / rcap) + 1000)
 end
+if tcap > 0 then
+  tk = tk - tonumber(ARGV[3])
+  redis.call('HSET', KEYS[2], 'level', tk, 'ts', now)
+  redis.call('PEXPIRE', KEYS[2], math.ceil((tcap - tk) * 60000 / tcap) + 1000)
+end
 return {1, 0}
 """
 
-# KEYS: the token bucket. ARGV: capacity per minute, tokens to charge.
-_CHARGE_LUA = """
+# KEYS: the token bucket. ARGV: capacity per minute, tokens to take (negative: to give back).
+# No floor: admission needs a bucket out of debt, so the debt is at most one request's cost.
+_SETTLE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cap, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
 local v = redis.call('HMGET', KEYS[1], 'level', 'ts')
 local lvl = tonumber(v[1]) or cap
 local ts = tonumber(v[2]) or now
-lvl = math.min(cap, lvl + math.max(0, now - ts) * cap / 60000)
-lvl = math.max(-cap, lvl - cost)
+lvl = math.min(cap, math.min(cap, lvl + math.max(0, now - ts) * cap / 60000) - cost)
 redis.call('HSET', KEYS[1], 'level', lvl, 'ts', now)
 redis.call('PEXPIRE', KEYS[1], math.ceil((cap - lvl) * 60000 / cap) + 1000)
 return 1
@@ -66,27 +76,30 @@ return 1
 
 
 class Buckets(Protocol):
-    async def admit(self, tenant: str, limits: KeyLimits) -> float:
-        """Takes one request if the key may start one; returns 0, else seconds to wait."""
+    async def admit(self, tenant: str, limits: KeyLimits, reserve: int) -> float:
+        """Takes one request and `reserve` tokens if the key may start one; returns 0, else
+        seconds to wait (and takes nothing)."""
         ...
 
-    async def charge(self, tenant: str, limits: KeyLimits, tokens: int) -> None: ...
+    async def settle(self, tenant: str, limits: KeyLimits, cost: int) -> None:
+        """Takes `cost` more tokens from the bucket; a negative cost gives them back."""
+        ...
 
 
 class RedisBuckets:
     def __init__(self, redis) -> None:  # redis.asyncio.Redis
         self._admit = redis.register_script(_ADMIT_LUA)
-        self._charge = redis.register_script(_CHARGE_LUA)
+        self._settle = redis.register_script(_SETTLE_LUA)
 
-    async def admit(self, tenant: str, limits: KeyLimits) -> float:
+    async def admit(self, tenant: str, limits: KeyLimits, reserve: int) -> float:
         allowed, wait_ms = await self._admit(
             keys=_bucket_keys(tenant),
-            args=[limits.requests_per_minute, limits.tokens_per_minute],
+            args=[limits.requests_per_minute, limits.tokens_per_minute, reserve],
         )
         return 0.0 if allowed else wait_ms / 1000
 
-    async def charge(self, tenant: str, limits: KeyLimits, tokens: int) -> None:
-        await self._charge(keys=_bucket_keys(tenant)[1:], args=[limits.tokens_per_minute, tokens])
+    async def settle(self, tenant: str, limits: KeyLimits, cost: int) -> None:
+        await self._settle(keys=_bucket_keys(tenant)[1:], args=[limits.tokens_per_minute, cost])
 
 
 def _bucket_keys(tenant: str) -> list[str]:
@@ -120,23 +133,24 @@ class LocalBuckets:
         bucket.refill(capacity, now)
         return bucket
 
-    async def admit(self, tenant: str, limits: KeyLimits) -> float:
+    async def admit(self, tenant: str, limits: KeyLimits, reserve: int) -> float:
         rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
         requests = self._bucket(tenant, "requests", rpm) if rpm else None
         if requests is not None and requests.level < 1:
             return (1 - requests.level) * 60 / rpm
-        if tpm:
-            tokens = self._bucket(tenant, "tokens", tpm)
-            if tokens.level <= 0:
-                return (1 - tokens.level) * 60 / tpm
+        tokens = self._bucket(tenant, "tokens", tpm) if tpm else None
+        if tokens is not None and tokens.level <= 0:
+            return (1 - tokens.level) * 60 / tpm
         if requests is not None:
             requests.level -= 1
+        if tokens is not None:
+            tokens.level -= reserve
         return 0.0
 
-    async def charge(self, tenant: str, limits: KeyLimits, tokens: int) -> None:
+    async def settle(self, tenant: str, limits: KeyLimits, cost: int) -> None:
         tpm = limits.tokens_per_minute
         bucket = self._bucket(tenant, "tokens", tpm)
-        bucket.level = max(-tpm, bucket.level - tokens)
+        bucket.level = min(tpm, bucket.level - cost)
 
 
 class RateLimiter:
@@ -151,30 +165,36 @@ class RateLimiter:
         self._fail_open = fail_open
         self._failing = False
 
-    async def admit(self, key: ApiKey) -> None:
+    async def admit(self, key: ApiKey, reserve: int = 0) -> int:
+        """Admits the key's next request, reserving `reserve` tokens; returns the tokens
+        reserved (0 without a token limit, or admitted unlimited through a Redis outage), which
+        settle() is given back at the end."""
         limits = key.limits
         if not (limits.requests_per_minute or limits.tokens_per_minute):
-            return
+            return 0
+        reserve = reserve if limits.tokens_per_minute else 0
         try:
-            wait = await self._buckets.admit(key.tenant, limits)
+            wait = await self._buckets.admit(key.tenant, limits, reserve)
         except Exception as err:  # redis.RedisError, OSError, timeouts
             self._outage(err)
             if self._fail_open:
-                return
+                return 0
             raise Unavailable("rate limiting is unavailable; try again shortly") from None
         self._recovered()
         if wait > 0:
             error = ResourceExhausted(_over_limit_message(key, limits))
             error.retry_after = max(1, math.ceil(wait))
             raise error
+        return reserve
 
-    async def charge(self, key: ApiKey, tokens: int) -> None:
-        if not key.limits.tokens_per_minute or tokens <= 0:
+    async def settle(self, key: ApiKey, reserved: int, used: int) -> None:
+        """Charges what the request used against what it reserved at admission."""
+        if not key.limits.tokens_per_minute or used == reserved:
             return
         try:
-            await self._buckets.charge(key.tenant, key.limits, tokens)
+            await self._buckets.settle(key.tenant, key.limits, used - reserved)
         except Exception as err:
-            self._outage(err)  # the tokens go uncounted; nothing else to do about it
+            self._outage(err)  # the difference goes uncounted; nothing else to do about it
         else:
             self._recovered()
 

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Why 128: a prompt of B UTF-8 bytes needs at least B / L tokens, where L is the longest token
+# of the vocabulary in bytes (byte-level BPE and byte-fallback vocabularies cover every byte, so
+# no token covers less than one). SmolLM2's longest token is 81 bytes, Gemma 3's 48 (runs of
+# spaces and punctuation); 128 leaves room for other Llama-family vocabularies. A prompt of more
+# than max_prompt_tokens * L bytes can therefore never fit, and is refused before tokenizing.
+DEFAULT_MAX_BYTES_PER_TOKEN = 128
+
 
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
@@ -12,14 +19,35 @@ class RequestLimits:
     max_tokens: int = 0  # most tokens one choice may generate; 0: up to the context length
     max_n: int = 16
     max_stop_sequences: int = 4
+    # n x max_tokens of one request: what it may make the stack generate, and what it reserves
+    # against its key's token bucket. A request over it is a 400, not a truncation.
+    max_request_tokens: int = 32768
+    # For a request that sets no max_tokens (chat and gRPC; completions keep OpenAI's 16).
+    default_max_tokens: int = 1024
+    max_stop_length: int = 256  # characters of one stop string
+    max_stop_token_ids: int = 64
+    max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN
+    # A stream whose client has not taken a chunk for this long is cut off and aborted.
+    stalled_client_seconds: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_n", "max_stop_sequences"):
+        for name in (
+            "max_body_bytes",
+            "max_n",
+            "max_stop_sequences",
+            "max_request_tokens",
+            "default_max_tokens",
+            "max_stop_length",
+            "max_stop_token_ids",
+            "max_bytes_per_token",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         for name in ("max_prompt_tokens", "max_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 (no limit) or positive")
+        if not self.stalled_client_seconds > 0:
+            raise ValueError("stalled_client_seconds must be positive")
 
 
 DEFAULT_LIMITS = RequestLimits()

@@ -113,7 +113,8 @@ def test_chat_messages_and_parts() -> None:
         ("assistant", ""),
     ]
     assert request.add_generation_prompt
-    assert request.max_tokens == 0  # chat default: up to the context length
+    # chat default: LAYERSERVE_DEFAULT_MAX_TOKENS, cut to what fits by the backend
+    assert request.max_tokens == 1024 and request.max_tokens_is_default
 
 
 def test_chat_max_completion_tokens_wins() -> None:
@@ -142,7 +143,7 @@ def test_nulls_mean_defaults() -> None:
     (request,) = parse_chat_request(
         _chat(temperature=None, max_tokens=None, stop=None, n=None, seed=None, logprobs=None)
     ).requests
-    assert request.sampling.temperature == 1.0 and request.max_tokens == 0
+    assert request.sampling.temperature == 1.0 and request.max_tokens == 1024
 
 
 @pytest.mark.parametrize(

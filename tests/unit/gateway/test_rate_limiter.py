@@ -49,9 +49,9 @@ async def test_tokens_spent_beyond_the_budget_hold_the_key_back(redis_url):
     key = new_key(tpm=600)
     limiter = redis_limiter(redis_url)
     await limiter.admit(key)
-    await limiter.charge(key, 599)
+    await limiter.settle(key, 0, 599)
     await limiter.admit(key)  # one token left: not in debt yet
-    await limiter.charge(key, 300)
+    await limiter.settle(key, 0, 300)
     with pytest.raises(ResourceExhausted, match="600 tokens per minute") as refused:
         await limiter.admit(key)
     # 300 tokens in debt refill at 10/s: back in about 30 s.
@@ -66,7 +66,7 @@ async def test_local_buckets_refill_over_time():
     assert await admitted(limiter, key, 5) == 2
     now[0] += 30  # half a minute: one request back
     assert await admitted(limiter, key, 5) == 1
-    await limiter.charge(key, 120)  # 60 tokens in debt (the floor: one minute's worth)
+    await limiter.settle(key, 0, 120)  # 60 tokens in debt
     now[0] += 60
     with pytest.raises(ResourceExhausted):
         await limiter.admit(key)  # exactly back at zero, still not admitted
