@@ -11,6 +11,7 @@ from typing import TypeVar
 
 import grpc
 
+from services.common.env import env_float
 from services.common.errors import LayerserveError
 from services.common.internal_auth import InternalAuth
 from services.common.tls import TlsSettings
@@ -23,19 +24,32 @@ T = TypeVar("T")
 
 # Long prompts and big step batches exceed gRPC's 4 MiB default.
 MESSAGE_LIMIT = 64 * 1024 * 1024
+# A peer that stops answering without closing its connections (a stopped process, a host gone
+# from the network) is found by keepalive pings: one unanswered for KEEPALIVE_TIMEOUT_S closes
+# the connection, and its calls end UNAVAILABLE as if the peer had died (a worker's requests
+# fail over, its link reconnects). gRPC core answers pings off the Python thread, so a long
+# model step never looks hung. LAYERSERVE_GRPC_KEEPALIVE_S / _TIMEOUT_S: tests shorten them.
+KEEPALIVE_S = env_float("GRPC_KEEPALIVE_S", 10.0)
+KEEPALIVE_TIMEOUT_S = env_float("GRPC_KEEPALIVE_TIMEOUT_S", 10.0)
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MESSAGE_LIMIT),
     ("grpc.max_receive_message_length", MESSAGE_LIMIT),
-    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_time_ms", int(KEEPALIVE_S * 1000)),
+    ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT_S * 1000)),
+    # Newer gRPC cores time pings out on this instead (60 s by default).
+    ("grpc.http2.ping_timeout_ms", int(KEEPALIVE_TIMEOUT_S * 1000)),
     ("grpc.keepalive_permit_without_calls", 1),
+    # Keep pinging while a call waits for an answer that does not come (no data either way):
+    # by default a client stops after two pings without data, and a hang would go unseen.
+    ("grpc.http2.max_pings_without_data", 0),
 ]
-# The clients above ping every 30 s, idle or not. A server's default policy takes a ping
+# The clients above ping every KEEPALIVE_S, idle or not. A server's default policy takes a ping
 # sooner than 5 min after the last one without data as abuse, and after two it sends GOAWAY
 # "too_many_pings": every stream on the connection dies, a whole session of requests with it
 # (seen after an idle minute or two). So servers accept those pings.
 SERVER_OPTIONS = [
     *CHANNEL_OPTIONS,
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
     ("grpc.http2.max_ping_strikes", 0),  # never GOAWAY over pings
 ]
 
