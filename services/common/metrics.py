@@ -4,7 +4,7 @@ The gateway serves `/metrics` on its HTTP port; the tokenizer, scheduler and wor
 `--metrics-port` (LAYERSERVE_METRICS_PORT; no server when 0 or unset), bound to the service's
 own --host and with its TLS settings. Each process defines only the metrics it observes, in
 one module of its own (gateway/request_metrics.py, scheduler/scheduler_metrics.py,
-tokenizer/tokenize_metrics.py, worker/step_metrics.py).
+tokenizer/tokenize_metrics.py, worker/serving/step_metrics.py).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import argparse
 import logging
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 from services.common.env import env_int
+from services.common.metrics_page import start_server
 from services.common.tls import TlsSettings
 
 log = logging.getLogger(__name__)
@@ -68,24 +69,14 @@ def check_metrics_port(port: int) -> None:
 
 
 def serve_metrics(port: int, host: str, tls: TlsSettings) -> WSGIServer | None:
-    """Serves /metrics from a thread of its own (prometheus_client's server), if port > 0:
-    TLS when the process serves TLS, asking for a client certificate under mutual TLS, as the
-    service's gRPC port does. A port already taken fails the start-up. Returns the server
-    (it stops with the process), None for port 0."""
+    """Serves /metrics from a thread of its own (metrics_page.py), if port > 0: TLS when the
+    process serves TLS, asking for a client certificate under mutual TLS, as the service's
+    gRPC port does. A port already taken fails the start-up. Returns the server (it stops with
+    the process), None for port 0."""
     if port <= 0:
         return None
     tls.require_serving()
-    cert = str(tls.cert) if tls.cert else None
-    key = str(tls.key) if tls.key else None
-    ca = str(tls.ca) if tls.ca and tls.client_auth else None
-    server, _ = start_http_server(
-        port,
-        addr=host,
-        certfile=cert,
-        keyfile=key,
-        client_cafile=ca,
-        client_auth_required=tls.client_auth,
-    )
-    scheme = "https" if cert else "http"
+    server = start_server(port, host, tls)
+    scheme = "https" if tls.cert else "http"
     log.info("metrics at %s://%s:%d/metrics", scheme, host, port)
     return server

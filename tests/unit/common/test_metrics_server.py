@@ -1,5 +1,6 @@
 """The metrics server of the tokenizer, scheduler and worker: off at port 0, plain HTTP without
-TLS, and under mutual TLS only for a scraper that presents a certificate of the CA."""
+TLS, and under mutual TLS only for a scraper that presents a certificate of the CA. In both
+formats Prometheus negotiates, every sample carries its family's `layerserve:` name."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-import services.worker.step_metrics  # noqa: F401 (a layerserve metric to find on the page)
 from services.common.metrics import serve_metrics
 from services.common.tls import TlsSettings
+from services.worker.serving.step_metrics import MODEL_FORWARD_TIME
 from tests.e2e.conftest import free_ports
-from tests.prometheus_text import Scrape
+from tests.prometheus_text import OPENMETRICS, Scrape
 from tests.tls_certs import TestCA
 
 
@@ -38,6 +39,31 @@ def test_serves_the_process_metrics_in_the_prometheus_text_format(servers: list)
     assert response.status_code == 200
     page = Scrape.parse(response.text)
     assert page.types["layerserve:model_forward_time_seconds"] == "histogram"
+    assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).status_code == 404
+
+
+# What Prometheus 2.42 sends.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+@pytest.mark.parametrize("accept", [PROMETHEUS_ACCEPT, OPENMETRICS, "text/plain", None])
+def test_samples_carry_the_family_name_in_either_format(servers: list, accept) -> None:
+    MODEL_FORWARD_TIME.labels("m").observe(0.01)
+    (port,) = free_ports(1)
+    servers.append(serve_metrics(port, "127.0.0.1", TlsSettings()))
+    headers = {"Accept": accept} if accept else {}
+    response = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=headers, timeout=10)
+    openmetrics = accept is not None and accept.startswith("application/openmetrics-text")
+    kind = "application/openmetrics-text" if openmetrics else "text/plain; version=0.0.4"
+    assert response.headers["content-type"].startswith(kind)
+    page = Scrape.parse(response.text, openmetrics=openmetrics)
+    name = "layerserve:model_forward_time_seconds"
+    assert page.types[name] == "histogram"
+    assert {name + "_count", name + "_sum", name + "_bucket"} <= page.names
+    assert not any(n.startswith("layerserve_") for n in page.names)
 
 
 def test_under_mutual_tls_only_a_scraper_with_a_certificate_gets_in(
