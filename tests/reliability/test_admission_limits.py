@@ -1,0 +1,133 @@
+"""Admission limits at their edge under load: what is over a limit is refused at once, and
+what was admitted is served as if nothing happened.
+
+- the gateway at its in-flight bound (--max-inflight): the excess gets 503 with Retry-After
+  in well under a second, the admitted streams all complete;
+- a key at its concurrency limit (--default-max-concurrent): its excess gets 429 with
+  Retry-After at once, while another key's requests, sent at the same time, all complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from services.stack import Stack
+from tests.reliability.conftest import API_KEY, all_blocks_free, eventually
+from tests.reliability.load import (
+    COMPLETED,
+    ERRORED,
+    LOST,
+    LoadResult,
+    Outcome,
+    completion_body,
+    new_client,
+)
+from tests.reliability.load import _read_stream as read_stream
+from tests.reliability.load import _refused as refused_outcome
+from tests.reliability.record import write_record
+
+LONG = 1500  # tokens: the admitted streams outlast the burst sent against them
+SHORT = 8
+FAST_S = 1.0  # a refusal is answered within this, however loaded the gateway is
+OTHER_KEY = "reliability-test-other-key"
+
+
+async def stream(client, url: str, body: dict, key: str) -> tuple[Outcome, str]:
+    """One streaming completion; its outcome and the Retry-After it was refused with."""
+    started = time.monotonic()
+    headers = {"Authorization": f"Bearer {key}"}
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        if response.status_code != 200:
+            outcome = refused_outcome(response.status_code, await response.aread(), started)
+            return outcome, response.headers.get("Retry-After", "")
+        return await read_stream(response, started), ""
+
+
+async def burst(stack: Stack, admitted: list[tuple[str, int]], excess: list[tuple[str, int]]):
+    """Starts the `admitted` (key, max_tokens) streams, waits until they run, then sends the
+    `excess` all at once; returns both lists' (outcome, Retry-After)."""
+    url = f"{stack.http_url}/v1/completions"
+    async with new_client(120) as client:
+        first = [
+            asyncio.create_task(stream(client, url, completion_body(n), key)) for key, n in admitted
+        ]
+        await asyncio.sleep(1.0)  # every admitted stream is in flight (none can finish yet)
+        second = await asyncio.gather(
+            *(stream(client, url, completion_body(n), key) for key, n in excess)
+        )
+        return await asyncio.gather(*first), second
+
+
+def test_the_gateway_at_its_in_flight_bound_refuses_the_excess_fast(
+    own_stack: Callable[..., Stack],
+):
+    bound = 8
+    stack = own_stack(gateway_args=["--max-inflight", str(bound)])
+    admitted, excess = asyncio.run(
+        burst(stack, [(API_KEY, LONG)] * bound, [(API_KEY, SHORT)] * (3 * bound))
+    )
+    admitted_result = LoadResult([o for o, _ in admitted])
+    refused = [(o, retry) for o, retry in excess if o.http_status == 503]
+    eventually(lambda: all_blocks_free(stack), "every KV block free")
+    write_record(
+        "inflight_limit",
+        "the gateway at its in-flight bound",
+        {
+            "load": f"{bound} streams of {LONG} tokens admitted (--max-inflight {bound}), then "
+            f"{len(excess)} more requests at once",
+            "outcomes": LoadResult([o for o, _ in admitted + excess]).counts(),
+            "errors": LoadResult([o for o, _ in excess]).errors(),
+            "notes": [
+                f"all {admitted_result.count(COMPLETED)} admitted streams completed",
+                f"{len(refused)} of {len(excess)} excess requests refused with 503 and "
+                f"Retry-After, the slowest in {max(o.seconds for o, _ in refused):.3f}s",
+            ],
+        },
+    )
+    assert admitted_result.counts() == {COMPLETED: bound, ERRORED: 0, LOST: 0}
+    assert len(refused) == len(excess), LoadResult([o for o, _ in excess]).errors()
+    assert all(retry for _, retry in refused)
+    assert max(o.seconds for o, _ in refused) < FAST_S
+
+
+def test_a_key_at_its_concurrency_limit_gets_429_fast_and_others_are_served(
+    own_stack: Callable[..., Stack],
+):
+    limit = 4
+    stack = own_stack(
+        env={"LAYERSERVE_API_KEYS": f"{API_KEY},{OTHER_KEY}"},
+        gateway_args=["--default-max-concurrent", str(limit)],
+    )
+    admitted = [(API_KEY, LONG)] * limit
+    excess = [(API_KEY, SHORT)] * (3 * limit) + [(OTHER_KEY, SHORT)] * limit
+    first, second = asyncio.run(burst(stack, admitted, excess))
+    keyed = [(key, answer) for answer, (key, _) in zip(second, excess, strict=True)]
+    greedy = [answer for key, answer in keyed if key == API_KEY]
+    other = LoadResult([o for key, (o, _) in keyed if key == OTHER_KEY])
+    admitted_result = LoadResult([o for o, _ in first])
+    refused = [(o, retry) for o, retry in greedy if o.http_status == 429]
+    eventually(lambda: all_blocks_free(stack), "every KV block free")
+    write_record(
+        "key_concurrency_limit",
+        "a key at its concurrency limit",
+        {
+            "load": f"key A: {limit} streams of {LONG} tokens admitted (max_concurrent "
+            f"{limit}), then {len(greedy)} more from A and {limit} from key B at once",
+            "outcomes": LoadResult([o for o, _ in first + second]).counts(),
+            "errors": LoadResult([o for o, _ in greedy]).errors(),
+            "notes": [
+                f"A's {admitted_result.count(COMPLETED)} admitted streams completed",
+                f"{len(refused)} of A's {len(greedy)} excess requests refused with 429 and "
+                f"Retry-After, the slowest in {max(o.seconds for o, _ in refused):.3f}s",
+                f"B's {other.count(COMPLETED)} of {limit} requests completed "
+                f"(p90 {other.latency().get('p90_s', 0):.2f}s)",
+            ],
+        },
+    )
+    assert admitted_result.counts() == {COMPLETED: limit, ERRORED: 0, LOST: 0}
+    assert len(refused) == len(greedy), LoadResult([o for o, _ in greedy]).errors()
+    assert all(retry for _, retry in refused)
+    assert max(o.seconds for o, _ in refused) < FAST_S
+    assert other.counts() == {COMPLETED: limit, ERRORED: 0, LOST: 0}, other.errors()
