@@ -6,9 +6,10 @@ code without hooks in the same run:
 1. **Per request:** every hook one request meets on its way through the four services (the
    gateway's request, checks, choice and delivery; the tokenizer's request and tokenize; the
    scheduler's request), timed over many requests, minus an empty loop.
-2. **Engine steps:** the scheduler's step loop as WorkerLink runs it (schedule, the
+2. **Engine steps:** the scheduler's step loop as its Engine runs it (schedule, the
    StepRequest, the sampled tokens applied, the outputs built) for --requests requests of
-   --tokens tokens each, with the hooks (StepTrace.begin/end, the per-token check) and without.
+   --tokens tokens each, with the hooks (the RequestTracer observing the Scheduler, the
+   StepTracer's spans around each step) and without.
 
 "On" installs an SDK TracerProvider without an exporter: spans are built, sampled and dropped,
 which is what the services themselves pay (the export runs on the SDK's own thread).
@@ -32,12 +33,17 @@ from services.gateway.backend import ChatMessage, GenerationRequest
 from services.gateway.openai_responses import UsageTally
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.output import Output
+from services.scheduler.output_proto import output_to_proto
 from services.scheduler.request import Request
-from services.scheduler.request_trace import RequestTrace as SchedulerTrace
-from services.scheduler.scheduler import Sample, Scheduler, SchedulerLimits
-from services.scheduler.step_trace import StepTrace
-from services.scheduler.worker_link import _trace_token, output_for, step_to_proto
-from services.tokenizer.request_trace import RequestTrace as TokenizerTrace
+from services.scheduler.request_trace import RequestTracer as SchedulerTracer
+from services.scheduler.request_trace import RequestTraces
+from services.scheduler.scheduler import Scheduler, SchedulerLimits
+from services.scheduler.step import Sample, StepResult
+from services.scheduler.step_trace import StepTracer
+from services.scheduler.submission import Submission
+from services.scheduler.worker_link import step_to_proto
+from services.tokenizer.request_trace import RequestTracer as TokenizerTracer
 
 PROMPT_TOKENS = 128
 
@@ -47,9 +53,12 @@ def _request_hooks(n: int) -> float:
     request = GenerationRequest("r-0", "m", messages=[ChatMessage("user", "x")], max_tokens=8)
     generate = tokenizer_pb2.GenerateRequest(request_id="r-0", model="m")
     submit = scheduler_pb2.Submit(request_id="r-0", model="m", max_tokens=8)
+    submission = Submission("r-0", "m", [1], max_tokens=8)
     output = tokenizer_pb2.GenerateOutput(request_id="r-0", prompt_tokens=3, completion_tokens=8)
     tally = UsageTally(1)
-    live: dict = {}
+    tokenizer = TokenizerTracer()
+    traces = RequestTraces()
+    scheduler = SchedulerTracer(traces, "w")
     started = time.perf_counter()
     for _ in range(n):
         with tracing.current_child("auth"):
@@ -59,15 +68,14 @@ def _request_hooks(n: int) -> float:
         request_span.describe(None, "r", [request])
         choice = request_span.start_choice(request)
         tracing.forward(choice, request.trace_context)
-        tokenizer = TokenizerTrace.start(generate, live)
-        with tracing.child("tokenize", None if tokenizer is None else tokenizer.span):
-            pass
-        scheduler = SchedulerTrace.start(submit)
-        if scheduler is not None:
-            scheduler.queued(Request("r-0", [1], 8, SamplingOptions(), frozenset()), "w")
-            scheduler.finish(Request("r-0", [1], 8, SamplingOptions(), frozenset()))
-        if tokenizer is not None:
-            tokenizer.finish(output)
+        tokenizer.started(generate)
+        tokenizer.tokenized("r-0", "m", 3)
+        tokenizer.submitting("r-0", submit)
+        traces.start(submission)
+        queued = Request("r-0", [1], 8, SamplingOptions(), frozenset())
+        scheduler.admitted(queued)
+        scheduler.finished(queued)
+        tokenizer.finished("r-0", output)
         request_span.choice_finished(choice, output)
         tracing.finish(choice)
         with tracing.current_child("deliver"):
@@ -83,22 +91,27 @@ def _empty_loop(n: int) -> float:
     return time.perf_counter() - started
 
 
-def _scheduler(requests: int, tokens: int) -> Scheduler:
+def _scheduler(requests: int, tokens: int, traces: RequestTraces | None) -> Scheduler:
+    """traces: the hooks' book of open traces (None: no hooks)."""
     blocks_each = (PROMPT_TOKENS + tokens) // 16 + 2
     kv = KVCacheManager(BlockPool(requests * blocks_each), 16)
-    scheduler = Scheduler(SchedulerLimits(1024, requests), kv, 8192, frozenset())
+    observers = [SchedulerTracer(traces, "w")] if traces is not None else []
+    limits = SchedulerLimits(1024, requests)
+    scheduler = Scheduler(limits, kv, 8192, frozenset(), observers=observers)
     for i in range(requests):
         prompt = [100 + (i * 7 + j) % 30000 for j in range(PROMPT_TOKENS)]
         request = Request(f"r-{i}", prompt, tokens, SamplingOptions(), frozenset())
-        request.trace = SchedulerTrace.start(scheduler_pb2.Submit(request_id=request.request_id))
+        if traces is not None:
+            traces.start(Submission(request.request_id, "m", prompt, max_tokens=tokens))
         scheduler.add(request)
-        if request.trace is not None:
-            request.trace.queued(request, "w")
     return scheduler
 
 
-def _step_loop(scheduler: Scheduler, hooks: bool) -> float:
+def _step_loop(hooks: bool, requests: int, tokens: int) -> float:
     """Seconds to run every request to its end, one engine step after another."""
+    traces = RequestTraces() if hooks else None
+    scheduler = _scheduler(requests, tokens, traces)
+    step_tracer = StepTracer(traces, "w") if traces is not None else None
     started = time.perf_counter()
     step_id = 0
     while scheduler.has_work():
@@ -106,17 +119,15 @@ def _step_loop(scheduler: Scheduler, hooks: bool) -> float:
         if step.is_empty:
             continue
         step_id += 1
-        trace = StepTrace.begin(step, step_id, "w") if hooks else None
-        step_to_proto(step, step_id, trace)
-        scheduled = [*step.new, *((r, n) for r, n, _ in step.running)]
-        samples = [Sample(r.request_id, 7) for r, _ in scheduled if r.num_tokens_to_compute == 0]
+        trace = step_tracer.begin(step, step_id) if step_tracer is not None else None
+        step_to_proto(step, step_id, trace.contexts if trace is not None else None)
+        samples = [
+            Sample(r.request_id, 7) for r, _ in step.requests if r.num_tokens_to_compute == 0
+        ]
         if trace is not None:
-            trace.end(None)
+            trace.end(StepResult(samples))
         updated = scheduler.update(samples)
-        if hooks and tracing.enabled():
-            for request, _ in updated:
-                _trace_token(request)
-        [output_for(request, sample) for request, sample in updated]
+        [output_to_proto(Output.sampled(request, sample)) for request, sample in updated]
     return time.perf_counter() - started
 
 
@@ -126,8 +137,8 @@ def _median(reps: int, run: Callable[[], float]) -> float:
 
 def measure(requests: int, tokens: int, reps: int, n: int) -> dict:
     per_request = _median(reps, lambda: _request_hooks(n) - _empty_loop(n)) / n
-    bare = _median(reps, lambda: _step_loop(_scheduler(requests, tokens), hooks=False))
-    hooked = _median(reps, lambda: _step_loop(_scheduler(requests, tokens), hooks=True))
+    bare = _median(reps, lambda: _step_loop(False, requests, tokens))
+    hooked = _median(reps, lambda: _step_loop(True, requests, tokens))
     return {"per_request_us": per_request * 1e6, "loop_bare_s": bare, "loop_hooked_s": hooked}
 
 
