@@ -19,9 +19,9 @@ from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Sample, Scheduler, SchedulerLimits
-from services.worker.kv_cache import PagedKVCache
+from services.worker.engine.kv_cache import PagedKVCache
+from services.worker.engine.model_runner import ModelRunner
 from services.worker.model.loader import default_path, load_model
-from services.worker.model_runner import ModelRunner
 
 
 def run(loaded, budget: int, long_len: int, decoders: int, seed: int = 0) -> dict:

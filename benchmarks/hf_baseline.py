@@ -1,6 +1,7 @@
 """The baselines: Hugging Face transformers' LlamaForCausalLM with the very same weights (taken
 from our loader, so both read the same dequantised GGUF): generate() on static padded batches,
-and transformers' own continuous batching (`ContinuousBatchingManager`, transformers >= 5)."""
+and transformers' own continuous batching (`ContinuousBatchingManager`, transformers >= 5),
+greedy or sampled (benchmarks/sampling.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 
 import torch
 
+from benchmarks.sampling import GREEDY, Sampling
 from services.worker.model.loader import LoadedModel
 
 
@@ -80,14 +82,29 @@ def hf_state_dict(loaded: LoadedModel) -> dict[str, torch.Tensor]:
     return state
 
 
+def _sampling_kwargs(sampling: Sampling) -> dict:
+    if sampling.greedy:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+
+
 @torch.inference_mode()
 def hf_generate(
-    model, prompts: list[list[int]], output_lens: list[int], batch_size: int, pad_id: int = 0
+    model,
+    prompts: list[list[int]],
+    output_lens: list[int],
+    batch_size: int,
+    pad_id: int = 0,
+    sampling: Sampling = GREEDY,
+    seed: int = 0,
 ) -> list[list[int]]:
-    """Greedy, EOS ignored, static batches of `batch_size` (left-padded). Each batch runs to its
-    longest output; only the tokens each request asked for are kept (and counted)."""
+    """EOS ignored, static batches of `batch_size` (left-padded). Each batch runs to its
+    longest output; only the tokens each request asked for are kept (and counted). Sampled:
+    one HF batch draws from one torch generator, so per-request seeds are impossible; each
+    batch is seeded with `seed` + its index instead."""
     results: list[list[int]] = [[] for _ in prompts]
     for start in range(0, len(prompts), batch_size):
+        torch.manual_seed(seed + start)
         idx = list(range(start, min(start + batch_size, len(prompts))))
         width = max(len(prompts[i]) for i in idx)
         ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
@@ -101,8 +118,8 @@ def hf_generate(
             attention_mask=mask,
             max_new_tokens=new,
             min_new_tokens=new,
-            do_sample=False,
             pad_token_id=pad_id,
+            **_sampling_kwargs(sampling),
             eos_token_id=None,
         )
         for row, i in enumerate(idx):
@@ -125,14 +142,21 @@ def hf_continuous(
     output_lens: list[int],
     max_batch_tokens: int | None = None,
     max_requests: int | None = None,
+    sampling: Sampling = GREEDY,
+    seed: int = 0,
 ) -> list[list[int]]:
-    """Greedy, EOS ignored, through transformers' ContinuousBatchingManager: every request is
-    queued at once, each with its own output length. Its warm-up (CUDA-graph capture on a GPU)
-    is skipped here: the caller times a warm-up run of its own first."""
+    """EOS ignored, through transformers' ContinuousBatchingManager: every request is queued at
+    once, each with its own output length. Sampled: its batches draw from torch's one global
+    generator, seeded once with `seed` (no per-request seeds). Its warm-up (CUDA-graph capture
+    on a GPU) is skipped here: the caller times a warm-up run of its own first."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
+    torch.manual_seed(seed)
     config = GenerationConfig(
-        do_sample=False, max_new_tokens=max(output_lens), eos_token_id=None, pad_token_id=0
+        max_new_tokens=max(output_lens),
+        eos_token_id=None,
+        pad_token_id=0,
+        **_sampling_kwargs(sampling),
     )
     cb_config = ContinuousBatchingConfig(
         max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_requests

@@ -85,10 +85,10 @@ def runner_from(
     """The worker's ModelRunner over our LlamaModel holding `hf`'s weights (or random ones);
     decode steps of up to graph_max_batch sequences replay CUDA graphs (0: eager), once the
     caller has captured them (runner.capture_decode_graphs())."""
-    from services.worker.kv_cache import PagedKVCache
+    from services.worker.engine.kv_cache import PagedKVCache
+    from services.worker.engine.model_runner import ModelRunner
     from services.worker.model.llama import LlamaModel
     from services.worker.model.loaded import LoadedModel
-    from services.worker.model_runner import ModelRunner
 
     model = LlamaModel(config, dtype, device, max_positions=MAX_POSITIONS)
     with torch.no_grad():
@@ -160,7 +160,7 @@ class _Batch:
     prefill step for all, then one decode step at a time, blocks allocated as they fill."""
 
     def __init__(self, runner, prompts: list[list[int]], tag: str) -> None:
-        from services.worker.plan import NewSequence, StepPlan
+        from services.worker.engine.plan import NewSequence, StepPlan
 
         self.runner, self.ids = runner, [f"{tag}-{i}" for i in range(len(prompts))]
         self.lens = [len(p) for p in prompts]
@@ -184,7 +184,7 @@ class _Batch:
             self.lens[i] += 1
 
     def step(self) -> None:
-        from services.worker.plan import RunningSequence, StepPlan
+        from services.worker.engine.plan import RunningSequence, StepPlan
 
         running = []
         for i, rid in enumerate(self.ids):
@@ -194,7 +194,7 @@ class _Batch:
         self._record(self.runner.execute(StepPlan(running=running)))
 
     def finish(self) -> None:
-        from services.worker.plan import StepPlan
+        from services.worker.engine.plan import StepPlan
 
         self.runner.execute(StepPlan(finished_ids=list(self.ids)))
 

@@ -8,10 +8,10 @@ from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
-from services.worker.kv_cache import PagedKVCache, kv_cache_groups
+from services.worker.engine.kv_cache import PagedKVCache, kv_cache_groups
+from services.worker.engine.model_runner import ModelRunner
+from services.worker.engine.plan import NewSequence, RunningSequence, StepPlan
 from services.worker.model.loader import LoadedModel
-from services.worker.model_runner import ModelRunner
-from services.worker.plan import NewSequence, RunningSequence, StepPlan
 
 MODEL = "smollm2-135m-instruct"
 BLOCK_SIZE = 16  # the worker's default
@@ -62,11 +62,20 @@ class OfflineEngine:
             limits, kv, runner.max_model_len, frozenset(runner.eos_token_ids)
         )
 
-    def generate(self, prompts: list[list[int]], output_lens: list[int]) -> dict[str, list[int]]:
-        """Greedy, EOS ignored: exactly output_lens[i] tokens for prompt i. Returns the tokens."""
+    def generate(
+        self,
+        prompts: list[list[int]],
+        output_lens: list[int],
+        sampling: list[SamplingOptions] | None = None,
+    ) -> dict[str, list[int]]:
+        """EOS ignored: exactly output_lens[i] tokens for prompt i, sampled as sampling[i] says
+        (None: greedy). Returns the tokens."""
+        options = sampling or [SamplingOptions() for _ in prompts]
         requests = {}
-        for i, (prompt, out_len) in enumerate(zip(prompts, output_lens, strict=True)):
-            request = Request(f"r{i}", list(prompt), out_len, SamplingOptions(), frozenset())
+        for i, (prompt, out_len, sample) in enumerate(
+            zip(prompts, output_lens, options, strict=True)
+        ):
+            request = Request(f"r{i}", list(prompt), out_len, sample, frozenset())
             requests[request.request_id] = request
             self.scheduler.add(request)
         while self.scheduler.has_work():

@@ -31,12 +31,12 @@ import torch.nn.functional as F
 
 from benchmarks.machine import load_average, machine
 from services.tokenizer.loader import load_tokenizer
-from services.worker.attention import StepAttention
-from services.worker.kv_cache import PagedKVCache
+from services.worker.engine.attention import StepAttention
+from services.worker.engine.kv_cache import PagedKVCache
+from services.worker.engine.model_runner import ModelRunner
+from services.worker.engine.plan import NewSequence, RunningSequence, StepPlan
 from services.worker.model.loader import LoadedModel, default_path, load_model
 from services.worker.model.quant import Int8Weight, default_kernel, quantize_loaded, weight_bytes
-from services.worker.model_runner import ModelRunner
-from services.worker.plan import NewSequence, RunningSequence, StepPlan
 
 TEXT = Path(__file__).parent / "data" / "public_domain.txt"
 BLOCK_SIZE = 16

@@ -1,7 +1,8 @@
 """Benchmark workloads: pre-tokenised prompts with fixed output lengths, seeded.
 
 The project's named benchmark workloads at a given Scale: `mixed` (a), `fixed` (b),
-`prefill-heavy` and `decode-heavy` (c), `shared-prefix` (d). A workload's lengths depend on
+`prefill-heavy` and `decode-heavy` (c), `shared-prefix` (d), `long-context` (e: every
+stream in flight at once, so the KV read dominates the step). A workload's lengths depend on
 (name, scale, seed) only; its token ids also on `variant`, so that repeated runs against a
 server with a prefix cache can send fresh prompts of the very same shape."""
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from benchmarks.scales import Range, Scale
 
-WORKLOADS = ("mixed", "fixed", "prefill-heavy", "decode-heavy", "shared-prefix")
+WORKLOADS = ("mixed", "fixed", "prefill-heavy", "decode-heavy", "shared-prefix", "long-context")
 VOCAB = (1000, 40000)  # random ids from here avoid SmolLM2's special tokens
 
 
@@ -40,7 +41,7 @@ def uniform_workload(
 
 
 def build_workload(name: str, scale: Scale, seed: int, variant: int = 0) -> list[Item]:
-    """`scale.requests` items of the named workload. Same (name, scale, seed): same lengths;
+    """`scale.requests` items of the named workload (`scale.long_streams` for long-context). Same (name, scale, seed): same lengths;
     same variant too: same token ids. Every shared-prefix item starts with one common
     `scale.prefix_len`-token prefix (one per variant)."""
     if name not in WORKLOADS:
@@ -64,6 +65,8 @@ def _shapes(name: str, scale: Scale, rng: random.Random) -> list[tuple[int, int]
         return [
             (rng.randint(*scale.prefix_suffix), scale.prefix_out) for _ in range(scale.requests)
         ]
+    if name == "long-context":
+        return [(rng.randint(*scale.long_in), scale.long_out) for _ in range(scale.long_streams)]
     return [
         (rng.randint(*scale.mixed_in), rng.randint(*scale.mixed_out)) for _ in range(scale.requests)
     ]

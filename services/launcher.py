@@ -3,7 +3,7 @@ again any that exits (services/launcher_supervisor.py), and stop them all on Ctr
 SIGTERM. Internal calls carry a token generated for the run (services/common/internal_auth.py)
 unless LAYERSERVE_INTERNAL_TOKEN(_FILE) gives one. One model by default; several, with
 replicas and aliases, from a config file (`--config FILE`, see services/stack_file.py).
-`layerserve doctor` checks the platform instead (services/worker/doctor.py);
+`layerserve doctor` checks the platform instead (services/worker/serving/doctor.py);
 `layerserve bench` runs the benchmarks (benchmarks/cli.py).
 """
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["doctor"]:
         # Its own process: the doctor imports torch, which the launcher never needs.
-        doctor = [sys.executable, "-m", "services.worker.doctor", *args[1:]]
+        doctor = [sys.executable, "-m", "services.worker.serving.doctor", *args[1:]]
         sys.exit(subprocess.call(doctor))
     if args[:1] == ["bench"]:
         # Its own process too: benchmarks/cli.py loads torch and transformers.

@@ -83,9 +83,9 @@ class SchedulerConfig:
         check=positive,
         help="seconds a worker's Redis entries outlive its last heartbeat",
     )
-    # Workers register themselves (Admin API AddWorker; services/worker/registration.py), so
-    # --worker may be left out: the scheduler then starts with none and is not ready until one
-    # has registered.
+    # Workers register themselves (Admin API AddWorker; services/worker/serving/registration.py),
+    # so --worker may be left out: the scheduler then starts with none and is not ready until
+    # one has registered.
     worker_registration: bool = setting(
         "--worker-registration",
         env="WORKER_REGISTRATION",

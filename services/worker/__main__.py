@@ -15,20 +15,20 @@ from services.common.metrics import serve_metrics
 from services.common.serve import drain_server, run_service, wait_for_shutdown
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.worker.config import WorkerConfig
-from services.worker.registration import Registration
-from services.worker.server import Runner, WorkerServicer
+from services.worker.serving.registration import Registration
+from services.worker.serving.server import Runner, WorkerServicer
 
 log = logging.getLogger("services.worker")
 
 
 def build_runner(config: WorkerConfig) -> Runner:
     if config.null:
-        from services.worker.null_runner import NullRunner
+        from services.worker.engine.null_runner import NullRunner
 
         return NullRunner(block_size=config.block_size, num_blocks=config.num_blocks or 65536)
     import torch
 
-    from services.worker.model_runner import ModelRunner
+    from services.worker.engine.model_runner import ModelRunner
 
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -57,9 +57,9 @@ def build_runner(config: WorkerConfig) -> Runner:
 
 
 def _start_tensor_parallel(config: WorkerConfig, device: str) -> Runner:
-    """Rank 0 of a worker split across --tensor-parallel-size ranks (tp_launch.py)."""
-    from services.worker.tp_launch import start_tensor_parallel
-    from services.worker.tp_rank import RankSpec
+    """Rank 0 of a worker split across --tensor-parallel-size ranks (serving/tp_launch.py)."""
+    from services.worker.serving.tp_launch import start_tensor_parallel
+    from services.worker.serving.tp_rank import RankSpec
 
     try:
         return start_tensor_parallel(RankSpec.from_worker_config(config, device))
@@ -76,7 +76,7 @@ def _require_platform(device: str, dtype: str) -> None:
     except PlatformMismatch as e:
         raise SystemExit(
             f"worker: cannot run on {device} in {dtype}: {e} "
-            "(`python -m services.worker.doctor` reports every version)"
+            "(`python -m services.worker.serving.doctor` reports every version)"
         ) from None
 
 

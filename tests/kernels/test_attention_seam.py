@@ -1,13 +1,13 @@
 """The kernels take the worker's AttentionMetadata as it is and agree with its torch path.
 
-This is the seam they will be wired into (services/worker/attention.py: paged_attention): one
+This is the seam they will be wired into (services/worker/engine/attention.py: paged_attention): one
 flattened step mixing decodes and prefill chunks, some continuing a cached prefix."""
 
 from __future__ import annotations
 
 import torch
 
-from services.worker.attention import AttentionMetadata, paged_attention
+from services.worker.engine.attention import AttentionMetadata, paged_attention
 from services.worker.kernels.decode_attention_host import decode_attention
 from services.worker.kernels.prefill_attention_host import prefill_attention
 from tests.kernels.attention_cases import DEVICE, assert_close

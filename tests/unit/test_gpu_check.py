@@ -52,7 +52,7 @@ def test_the_checks_tests_and_models_need_no_other_project_packages() -> None:
     assert collect.returncode == 0, collect.stdout[-3000:] + collect.stderr[-2000:]
     assert " tests collected" in collect.stdout
     code = (
-        "import tests.unit.gpu_import_blocker, services.worker.model_runner, "
+        "import tests.unit.gpu_import_blocker, services.worker.engine.model_runner, "
         "benchmarks.model_decode, benchmarks.gpu_measure"
     )
     imports = subprocess.run(

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.worker.attention import StepAttention, paged_attention, write_kv
-from services.worker.kv_cache import PagedKVCache
+from services.worker.engine.attention import StepAttention, paged_attention, write_kv
+from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.model.gemma3_config import FULL, SLIDING, Gemma3Config
 from services.worker.model.llama import apply_rotary
 from services.worker.model.weights import copy_hf_weights

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.worker.attention import StepAttention, paged_attention, write_kv
-from services.worker.kv_cache import PagedKVCache
+from services.worker.engine.attention import StepAttention, paged_attention, write_kv
+from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.model.config import LlamaConfig, rope_inv_freq
 from services.worker.model.weights import copy_hf_weights
 

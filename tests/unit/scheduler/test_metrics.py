@@ -17,8 +17,8 @@ from services.scheduler.engine import Engine
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.scheduler_metrics import SchedulerCollector, observe_step
 from services.scheduler.worker_info import WorkerInfo
-from services.worker.null_runner import NullRunner
-from services.worker.server import WorkerServicer
+from services.worker.engine.null_runner import NullRunner
+from services.worker.serving.server import WorkerServicer
 from tests.prometheus_text import Scrape
 from tests.unit.scheduler.drive import (
     FakeClock,

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from services.worker.kv_cache import PagedKVCache
+from services.worker.engine.kv_cache import PagedKVCache
+from services.worker.engine.model_runner import ModelRunner
 from services.worker.model.loaded import LoadedModel
-from services.worker.model_runner import ModelRunner
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

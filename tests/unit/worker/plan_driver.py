@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.common.sampling import SamplingOptions
-from services.worker.model_runner import ModelRunner
-from services.worker.plan import NewSequence, RunningSequence, StepPlan
+from services.worker.engine.model_runner import ModelRunner
+from services.worker.engine.plan import NewSequence, RunningSequence, StepPlan
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from services.worker.attention import AttentionMetadata, paged_attention
-from services.worker.kv_cache import PagedKVCache, num_blocks_for_bytes
+from services.worker.engine.attention import AttentionMetadata, paged_attention
+from services.worker.engine.kv_cache import PagedKVCache, num_blocks_for_bytes
 from services.worker.model.config import LlamaConfig
 
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 8, 4

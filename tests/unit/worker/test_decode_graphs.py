@@ -15,10 +15,10 @@ import sys
 import pytest
 import torch
 
-from services.worker.decode_graphs import capture_sizes
-from services.worker.kv_cache import PagedKVCache
+from services.worker.engine.decode_graphs import capture_sizes
+from services.worker.engine.kv_cache import PagedKVCache
+from services.worker.engine.model_runner import ModelRunner
 from services.worker.model.loaded import LoadedModel
-from services.worker.model_runner import ModelRunner
 from services.worker.reference import greedy_generate
 from tests.unit.worker.plan_driver import Driver
 from tests.unit.worker.tiny_model import CONFIG, DEVICE, random_prompts, random_tiny

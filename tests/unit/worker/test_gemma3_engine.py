@@ -14,14 +14,14 @@ import torch
 
 from services.tokenizer.gguf_tokenizer import load_gguf_tokenizer
 from services.tokenizer.text_model import TextModel
+from services.worker.engine.kv_cache import PagedKVCache, kv_cache_groups
+from services.worker.engine.model_runner import ModelRunner
+from services.worker.engine.plan import StepPlan
 from services.worker.gemma3_reference import dense_hidden, dense_logits
-from services.worker.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.model.gemma3 import Gemma3Model
 from services.worker.model.gemma3_config import FULL, SLIDING, Gemma3Config
 from services.worker.model.loader import LoadedModel, load_model
 from services.worker.model.packaged import packaged_path
-from services.worker.model_runner import ModelRunner
-from services.worker.plan import StepPlan
 from services.worker.reference import DenseKV, greedy_generate
 from tests.unit.worker.plan_driver import Driver
 

@@ -13,13 +13,13 @@ import torch
 
 from benchmarks.offline import OfflineEngine
 from services.scheduler.scheduler import SchedulerLimits
-from services.worker.attention import StepAttention
+from services.worker.engine.attention import StepAttention
+from services.worker.engine.kv_cache import PagedKVCache, kv_cache_groups
+from services.worker.engine.model_runner import ModelRunner
 from services.worker.gemma3_reference import dense_hidden, dense_logits
-from services.worker.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.model.gemma3 import Gemma3Model
 from services.worker.model.gemma3_config import Gemma3Config
 from services.worker.model.loader import LoadedModel, load_model
-from services.worker.model_runner import ModelRunner
 from services.worker.reference import DenseKV, greedy_generate
 from tests.unit.worker.plan_driver import Driver
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.attention import AttentionMetadata, paged_attention
-from services.worker.kv_cache import PagedKVCache
+from services.worker.engine.attention import AttentionMetadata, paged_attention
+from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.model.config import LlamaConfig
 
 HEADS, KV_HEADS, DIM, BLOCK, WINDOW = 4, 1, 8, 4, 5

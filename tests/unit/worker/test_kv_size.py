@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from services.worker.config import WorkerConfig
-from services.worker.model_runner import DEFAULT_CPU_KV_BYTES, default_kv_bytes
+from services.worker.engine.model_runner import DEFAULT_CPU_KV_BYTES, default_kv_bytes
 
 
 def test_unset_means_the_devices_default_and_a_size_is_taken_in_gib(

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.worker.null_runner import NullRunner
-from services.worker.plan import NewSequence, StepPlan
-from services.worker.step_watch import StepWatch
-from services.worker.warm_up import warm_up
+from services.worker.engine.null_runner import NullRunner
+from services.worker.engine.plan import NewSequence, StepPlan
+from services.worker.engine.warm_up import warm_up
+from services.worker.serving.step_watch import StepWatch
 from tests.unit.worker.conftest import RunnerFactory
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from services.common.sampling import SamplingOptions
-from services.worker.model_runner import ModelRunner
-from services.worker.plan import NewSequence, RunningSequence, StepPlan
+from services.worker.engine.model_runner import ModelRunner
+from services.worker.engine.plan import NewSequence, RunningSequence, StepPlan
 from tests.unit.worker.conftest import RunnerFactory
 
 NUM_BLOCKS = 8

@@ -13,7 +13,9 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from services.worker.config import QUANTIZATION_CHOICES, WorkerConfig
-from services.worker.kv_cache import PagedKVCache
+from services.worker.engine.kv_cache import PagedKVCache
+from services.worker.engine.model_runner import ModelRunner
+from services.worker.engine.plan import StepPlan
 from services.worker.model.loader import LoadedModel
 from services.worker.model.quant import (
     KERNELS,
@@ -24,8 +26,6 @@ from services.worker.model.quant import (
     quantize_model,
     weight_bytes,
 )
-from services.worker.model_runner import ModelRunner
-from services.worker.plan import StepPlan
 from tests.unit.worker.plan_driver import Driver
 
 NEW_TOKENS = 16

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from services.common.sampling import SamplingOptions
-from services.worker.sampler import Sampler, apply_penalties, sampling_probs
+from services.worker.engine.sampler import Sampler, apply_penalties, sampling_probs
 
 VOCAB = 64
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from services.common.sampling import SamplingOptions
+from services.worker.engine.model_runner import ModelRunner
+from services.worker.engine.plan import RunningSequence, StepPlan
 from services.worker.model.config import LlamaConfig
 from services.worker.model.llama import LlamaModel
-from services.worker.model_runner import ModelRunner
-from services.worker.plan import RunningSequence, StepPlan
-from services.worker.tensor_parallel import shard_config, shard_model
-from services.worker.tp_launch import start_tensor_parallel
-from services.worker.tp_rank import RankSpec
+from services.worker.model.tensor_parallel import shard_config, shard_model
+from services.worker.serving.tp_launch import start_tensor_parallel
+from services.worker.serving.tp_rank import RankSpec
 from tests.e2e.tiny_llama import CONFIG
 from tests.unit.worker.plan_driver import Driver
 

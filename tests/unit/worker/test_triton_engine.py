@@ -11,10 +11,10 @@ import asyncio
 import pytest
 import torch
 
+from services.worker.engine.kv_cache import PagedKVCache
+from services.worker.engine.model_runner import ModelRunner
 from services.worker.kernel_choice import resolve_kernels
-from services.worker.kv_cache import PagedKVCache
 from services.worker.model.loaded import LoadedModel
-from services.worker.model_runner import ModelRunner
 from services.worker.reference import greedy_generate
 from tests.unit.worker.plan_driver import Driver
 from tests.unit.worker.tiny_model import CONFIG, DEVICE, random_prompts, random_tiny
@@ -76,7 +76,7 @@ def test_triton_prefix_reuse_continues_cached_blocks(
 
 def test_describe_reports_kernels(tiny: LoadedModel) -> None:
     # Imported here: the GPU check runs this file where the server's packages are absent.
-    from services.worker.server import WorkerServicer
+    from services.worker.serving.server import WorkerServicer
 
     info = asyncio.run(WorkerServicer(_runner(tiny, "triton"), "tiny").Describe(None, None))
     assert info.kernels == "triton"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from services.worker.kv_cache import PagedKVCache, gather_blocks
+from services.worker.engine.kv_cache import PagedKVCache, gather_blocks
 
 
 @dataclass(slots=True)
@@ -225,7 +225,7 @@ def paged_attention(
         raise ValueError("sliding-window attention runs on the torch path only")
     if attn.kernels == "triton":
         # Imported here: a torch-only worker (every CPU one) never loads Triton.
-        from services.worker.triton_attention import triton_paged_attention
+        from services.worker.engine.triton_attention import triton_paged_attention
 
         return triton_paged_attention(q, layer_cache, attn)
     k_cache, v_cache = layer_cache

@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from services.worker.attention import AttentionMetadata, StepAttention
-from services.worker.kv_cache import PagedKVCache
+from services.worker.engine.attention import AttentionMetadata, StepAttention
+from services.worker.engine.kv_cache import PagedKVCache
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from services.worker.plan import NewSequence, StepPlan
+from services.worker.engine.plan import NewSequence, StepPlan
 
 WARM_UP_ID = "layerserve-warm-up"
 _MAX_TOKENS = 8

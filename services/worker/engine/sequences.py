@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingOptions
-from services.worker.plan import NewSequence, RunningSequence, StepPlan
+from services.worker.engine.plan import NewSequence, RunningSequence, StepPlan
 
 
 @dataclass(slots=True)

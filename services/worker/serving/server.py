@@ -17,11 +17,11 @@ from layerserve.common.v1 import common_pb2
 from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.sampling import SamplingOptions
 from services.worker.config import DEFAULT_STEP_TIMEOUT_S
-from services.worker.plan import NewSequence, RunningSequence, Sampled, StepPlan
-from services.worker.step_metrics import MODEL_FORWARD_TIME
-from services.worker.step_trace import StepTrace
-from services.worker.step_watch import StepWatch
-from services.worker.warm_up import warm_up
+from services.worker.engine.plan import NewSequence, RunningSequence, Sampled, StepPlan
+from services.worker.engine.warm_up import warm_up
+from services.worker.serving.step_metrics import MODEL_FORWARD_TIME
+from services.worker.serving.step_trace import StepTrace
+from services.worker.serving.step_watch import StepWatch
 
 log = logging.getLogger(__name__)
 

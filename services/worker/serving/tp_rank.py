@@ -13,14 +13,14 @@ import torch.distributed as dist
 from gguf import GGUFReader
 
 from services.worker.config import WorkerConfig
-from services.worker.kv_cache import PagedKVCache, num_blocks_for_bytes
+from services.worker.engine.kv_cache import PagedKVCache, num_blocks_for_bytes
+from services.worker.engine.model_runner import DTYPES, default_kv_bytes
+from services.worker.engine.tp_runner import TensorParallelRunner
 from services.worker.model import registry
 from services.worker.model.config import LlamaConfig
 from services.worker.model.llama import LlamaModel
 from services.worker.model.loader import default_path, load_model
-from services.worker.model_runner import DTYPES, default_kv_bytes
-from services.worker.tensor_parallel import check_divisible, shard_config, shard_model
-from services.worker.tp_runner import TensorParallelRunner
+from services.worker.model.tensor_parallel import check_divisible, shard_config, shard_model
 
 # A collective inside a step waits at most this long for the other ranks: one that is alive
 # but stuck then turns into an error instead of a hang. (A rank that dies is noticed at once,
@@ -87,7 +87,7 @@ class RankSpec:
 
 def read_model_config(path: str | None) -> LlamaConfig:
     """The model's shape, without loading its weights. ValueError unless it is a Llama: the
-    only architecture tensor_parallel.py knows how to split."""
+    only architecture model/tensor_parallel.py knows how to split."""
     model_path = Path(path) if path else default_path()
     if model_path.is_dir():
         arch = registry.for_hf(model_path)

@@ -9,20 +9,20 @@ from pathlib import Path
 
 import torch
 
-from services.worker.attention import StepAttention
-from services.worker.decode_graphs import DecodeGraphs
-from services.worker.kernel_choice import check_kernel_device, resolve_kernels
-from services.worker.kv_cache import (
+from services.worker.engine.attention import StepAttention
+from services.worker.engine.decode_graphs import DecodeGraphs
+from services.worker.engine.kv_cache import (
     KVCacheGroup,
     PagedKVCache,
     kv_cache_groups,
     num_blocks_for_bytes,
 )
+from services.worker.engine.plan import Sampled, StepPlan
+from services.worker.engine.sampler import Sampler
+from services.worker.engine.sequences import PlanLimits, SequenceState, validate_plan
+from services.worker.kernel_choice import check_kernel_device, resolve_kernels
 from services.worker.model.loaded import LoadedModel
 from services.worker.model.quant import quantize_loaded
-from services.worker.plan import Sampled, StepPlan
-from services.worker.sampler import Sampler
-from services.worker.sequences import PlanLimits, SequenceState, validate_plan
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.attention import AttentionMetadata
+from services.worker.engine.attention import AttentionMetadata
 from services.worker.kernels.decode_attention_host import decode_attention
 from services.worker.kernels.prefill_attention_host import prefill_attention
 

@@ -17,11 +17,11 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from services.worker.kv_cache import PagedKVCache
+from services.worker.engine.kv_cache import PagedKVCache
+from services.worker.engine.model_runner import ModelRunner
+from services.worker.engine.plan import Sampled, StepPlan
+from services.worker.engine.sequences import SequenceState
 from services.worker.model.loader import LoadedModel
-from services.worker.model_runner import ModelRunner
-from services.worker.plan import Sampled, StepPlan
-from services.worker.sequences import SequenceState
 
 _SAMPLING_FAILED = -1  # broadcast instead of tokens when rank 0's sampler raised
 

@@ -1,6 +1,6 @@
-"""`layerserve doctor` (`python -m services.worker.doctor`): report the device, NVIDIA driver,
-CUDA runtime, torch and triton versions and the compute capability, and whether they fit the
-worker's --device and --dtype. Starts nothing; exit status 0 when they fit, 1 when not."""
+"""`layerserve doctor` (`python -m services.worker.serving.doctor`): report the device, NVIDIA
+driver, CUDA runtime, torch and triton versions and the compute capability, and whether they fit
+the worker's --device and --dtype. Starts nothing; exit status 0 when they fit, 1 when not."""
 
 from __future__ import annotations
 

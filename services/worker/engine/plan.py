@@ -1,5 +1,5 @@
 """What the worker is asked to do in one engine step, and what it answers: the domain form of
-worker.v1.StepRequest / StepResult. server.py converts protobuf to and from these."""
+worker.v1.StepRequest / StepResult. serving/server.py converts protobuf to and from these."""
 
 from __future__ import annotations
 

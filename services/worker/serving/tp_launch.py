@@ -27,8 +27,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from services.common.logs import setup_logging
-from services.worker.tp_rank import RankSpec, build_rank_runner
-from services.worker.tp_runner import TensorParallelRunner
+from services.worker.engine.tp_runner import TensorParallelRunner
+from services.worker.serving.tp_rank import RankSpec, build_rank_runner
 
 log = logging.getLogger(__name__)
 

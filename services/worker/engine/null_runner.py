@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.worker.plan import Sampled, StepPlan
+from services.worker.engine.plan import Sampled, StepPlan
 
 # Ids of common single-word tokens in the SmolLM2 vocabulary would tie this to one model; any
 # ids below the vocabulary size work, the tokenizer renders whatever they are.
