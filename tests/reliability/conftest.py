@@ -26,7 +26,7 @@ from tests.reliability.record import write_record
 API_KEY = "reliability-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL = "smollm2-135m-instruct"  # the null worker serves it under this name, without weights
-DEFAULT_SOAK_SECONDS = 120.0
+DEFAULT_SOAK_SECONDS = 60.0
 LOAD_NUM_BLOCKS = 4096
 
 

@@ -19,7 +19,9 @@ HERE = Path(__file__).parent
 FUZZ_MODULES = ("test_malformed_http.py", "test_openapi_fuzz.py", "test_grpc_fuzz.py")
 FUZZ_MODULES += ("test_worker_fuzz.py",)
 ORDER = ["load", "soak", "slow_clients", "worker_kill_replica", "worker_kill_last"]
-ORDER += ["scheduler_restart", "redis_restart"]
+ORDER += ["worker_kill_real_model", "hung_worker", "stalled_worker", "scheduler_restart"]
+ORDER += ["tokenizer_restart", "gateway_drain", "redis_restart", "hung_redis"]
+ORDER += ["launcher_restarts", "inflight_limit", "key_concurrency_limit", "internal_auth"]
 
 
 def load_records(directory: Path) -> list[dict[str, Any]]:
@@ -48,11 +50,11 @@ def render(all_records: list[dict[str, Any]]) -> str:
         f"Last run: {when}, on {os.cpu_count()} CPU cores, Python {platform.python_version()}. "
         f"**Requests lost: {lost}.**",
         "",
-        "To reproduce (the soak runs 120 s unless told otherwise):",
+        "To reproduce (the soak runs 60 s unless told otherwise):",
         "",
         "```",
         "LAYERSERVE_RELIABILITY_OUT=/tmp/rel .venv/bin/python -m pytest tests/reliability \\",
-        "    --soak-seconds 120",
+        "    --soak-seconds 60",
         ".venv/bin/python -m tests.reliability.report /tmp/rel",
         "```",
         "",

@@ -1,5 +1,5 @@
 """A soak: steady streaming load on a null-worker stack for `--soak-seconds` (or
-LAYERSERVE_SOAK_SECONDS; 120 by default, for CI). No request is lost, and memory and latency
+LAYERSERVE_SOAK_SECONDS; 60 by default, for CI). No request is lost, and memory and latency
 stay flat: the last third of the run is compared with the first."""
 
 from __future__ import annotations
