@@ -9,9 +9,16 @@ Logprobs are log_softmax of the penalised logits, before temperature and truncat
 stay comparable across temperatures and are finite for every token. Greedy rows take the
 exact argmax of the penalised logits.
 
-A seeded row draws from its own generator, seeded from (seed, number of output tokens so
-far): the same request gives the same tokens whatever shares its batch, and again after a
-preemption resumes it with its generated tokens. Unseeded rows share the global RNG."""
+The draw never sorts the vocabulary. Every random row takes one uniform number u and picks the
+token where u lands in the cumulative distribution of what it keeps (inverse CDF): in vocabulary
+order when nothing is truncated, else among its CANDIDATES most likely tokens (one batched
+topk), which hold the whole kept set unless top-p needs more of a flat distribution; only such
+rows fall back to the dense reference (`sampling_probs`). The distribution is the reference's
+(tests/unit/worker/test_sampler.py compares them).
+
+A seeded row's u comes from (seed, number of output tokens so far), hashed: the same request
+gives the same tokens whatever shares its batch, and again after a preemption resumes it with
+its generated tokens. Unseeded rows take u from the global RNG."""
 
 from __future__ import annotations
 
@@ -46,6 +53,13 @@ GREEDY_BELOW = 1e-5
 MAX_LOGIT = 1e30
 
 
+# Truncated rows (top-k, top-p, min-p) draw among their most likely tokens: first this many
+# (or their top_k), then rows whose kept set is larger try again with WIDE_CANDIDATES. topk
+# costs grow with k: 64 holds top-p 0.95 of a language model's next token nearly always.
+CANDIDATES = 64
+WIDE_CANDIDATES = 1024
+
+
 class Sampler:
     def sample(
         self,
@@ -54,22 +68,104 @@ class Sampler:
         prompt_token_ids: list[list[int]],
         output_token_ids: list[list[int]],
     ) -> SampleOutput:
-        """logits [N, V] float32 -> one token per row, with logprobs where a row asked."""
-        logits = logits.float().clone()
-        apply_penalties(logits, options, prompt_token_ids, output_token_ids)
-        # A tiny repetition penalty can divide a logit up to inf; keep every logit finite so
-        # that no row's distribution turns into NaN (which would fail the whole step).
-        logits.clamp_(min=-MAX_LOGIT, max=MAX_LOGIT)
+        """logits [N, V] -> one token per row, with logprobs where a row asked. Rows with
+        penalties are penalised in a copy; the caller's logits are not changed."""
+        logits = logits.float()
+        if _wants_penalties(options):
+            logits = logits.clone()
+            apply_penalties(logits, options, prompt_token_ids, output_token_ids)
+            # A tiny repetition penalty can divide a logit up to inf; keep every logit finite
+            # so that no row's distribution turns into NaN (which would fail the whole step).
+            logits.clamp_(min=-MAX_LOGIT, max=MAX_LOGIT)
         logprobs = torch.log_softmax(logits, dim=-1) if _wants_logprobs(options) else None
         tokens = logits.argmax(dim=-1)  # [N], final for greedy rows
         random_rows = [i for i, o in enumerate(options) if o.temperature >= GREEDY_BELOW]
         if random_rows:
             index = torch.tensor(random_rows, device=logits.device)
-            probs = sampling_probs(logits[index], [options[i] for i in random_rows])
+            chosen = [options[i] for i in random_rows]
             counts = [len(output_token_ids[i]) for i in random_rows]
-            drawn = _draw(probs, [options[i].seed for i in random_rows], counts)
-            tokens[index] = drawn
+            u = uniforms([o.seed for o in chosen], counts)
+            tokens[index] = draw(logits[index], chosen, u.to(logits.device))
         return _package(tokens, logprobs, options)
+
+
+def _wants_penalties(options: list[SamplingOptions]) -> bool:
+    return any(
+        o.repetition_penalty != 1.0 or o.presence_penalty != 0 or o.frequency_penalty != 0
+        for o in options
+    )
+
+
+def uniforms(seeds: list[int | None], counts: list[int]) -> torch.Tensor:
+    """[R] float64 in [0, 1): from (seed, step) for seeded rows, the global RNG for others."""
+    u = torch.rand(len(seeds), dtype=torch.float64)
+    for i, seed in enumerate(seeds):
+        if seed is not None:
+            u[i] = (row_seed(seed, counts[i]) >> 10) / 2.0**53
+    return u
+
+
+def draw(logits: torch.Tensor, options: list[SamplingOptions], u: torch.Tensor) -> torch.Tensor:
+    """Penalised logits [R, V] of random rows and one uniform per row [R] -> token ids [R]."""
+    device = logits.device
+    temperature = torch.tensor([o.temperature for o in options], device=device)
+    scaled = logits / temperature[:, None]
+    drawn = torch.empty(len(options), dtype=torch.int64, device=device)
+    truncated = [i for i, o in enumerate(options) if o.top_k > 0 or o.top_p < 1 or o.min_p > 0]
+    whole = sorted(set(range(len(options))) - set(truncated))
+    if whole:
+        rows = scaled[whole]
+        drawn[whole] = _inverse_cdf(torch.exp(rows - rows.amax(dim=-1, keepdim=True)), u[whole])
+    missed = truncated
+    for candidates in (CANDIDATES, WIDE_CANDIDATES):
+        if not missed:
+            return drawn
+        rows = [options[i] for i in missed]
+        picked, exact = _draw_among_candidates(scaled[missed], rows, u[missed], candidates)
+        drawn[missed] = picked
+        missed = [missed[j] for j, ok in enumerate(exact.tolist()) if not ok]
+    if missed:  # a flat distribution: the dense reference for these rows
+        probs = sampling_probs(logits[missed], [options[i] for i in missed])
+        drawn[missed] = _inverse_cdf(probs, u[missed])
+    return drawn
+
+
+def _draw_among_candidates(
+    scaled: torch.Tensor, options: list[SamplingOptions], u: torch.Tensor, candidates: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (token ids [R], exact [R] bool: the kept set ends inside the candidates)."""
+    device = scaled.device
+    vocab = scaled.shape[1]
+    top_k = torch.tensor([o.top_k for o in options], device=device)
+    k = min(vocab, max(candidates, int(top_k.max())))
+    values, ids = scaled.topk(k, dim=-1)  # [R, k], most likely first
+    probs = torch.exp(values - torch.logsumexp(scaled, dim=-1, keepdim=True))  # [R, k]
+    # top-k: ties at the k-th value are kept, as in the reference.
+    kth = values.gather(1, (top_k.clamp(1, k) - 1)[:, None])
+    keep = (values >= kth) | (top_k[:, None] <= 0)
+    # top-p over the top-k distribution: a token drops when the more likely ones reach p.
+    kept = probs * keep
+    mass = torch.where(top_k > 0, kept.sum(dim=-1), torch.ones_like(top_k, dtype=probs.dtype))
+    before = (kept.cumsum(dim=-1) - kept) / mass[:, None]
+    top_p = torch.tensor([o.top_p for o in options], device=device, dtype=probs.dtype)
+    keep &= before < top_p[:, None]
+    # min-p: relative to the most likely token, so renormalising does not move it.
+    min_p = torch.tensor([o.min_p for o in options], device=device, dtype=probs.dtype)
+    keep &= probs >= min_p[:, None] * probs[:, :1]
+    exact = ~keep[:, -1] if k < vocab else torch.ones_like(keep[:, -1])
+    picked = _inverse_cdf(probs * keep, u)
+    return ids.gather(1, picked[:, None]).squeeze(1), exact
+
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """weights [R, V] >= 0 (not normalised), u [R] in [0, 1) -> per row the index where
+    u x total falls in the running sum; a zero weight is never picked."""
+    cdf = weights.cumsum(dim=-1)
+    target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]
+    index = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    # u x total can round up to the total: then the last token with any weight.
+    last = weights.shape[1] - 1 - (weights.flip(-1) > 0).int().argmax(dim=-1)
+    return torch.minimum(index, last)
 
 
 def _wants_logprobs(options: list[SamplingOptions]) -> bool:
@@ -159,19 +255,6 @@ def _top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     drop_sorted = mass_before >= top_p[:, None]
     drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
-
-
-def _draw(probs: torch.Tensor, seeds: list[int | None], counts: list[int]) -> torch.Tensor:
-    """One index per row of probs [R, V]; seeded rows use their own generator."""
-    drawn = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
-    unseeded = [i for i, seed in enumerate(seeds) if seed is None]
-    if unseeded:
-        drawn[unseeded] = torch.multinomial(probs[unseeded], 1).squeeze(1)
-    for i, seed in enumerate(seeds):
-        if seed is not None:
-            generator = torch.Generator(device=probs.device).manual_seed(row_seed(seed, counts[i]))
-            drawn[i] = torch.multinomial(probs[i], 1, generator=generator)[0]
-    return drawn
 
 
 def _package(

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from services.common.sampling import SamplingOptions
-from services.worker.engine.sampler import Sampler, apply_penalties, sampling_probs
+from services.worker.engine import sampler
+from services.worker.engine.sampler import (
+    Sampler,
+    apply_penalties,
+    draw,
+    sampling_probs,
+    uniforms,
+)
 
 VOCAB = 64
 
@@ -151,3 +158,65 @@ def test_legal_extremes_sample_a_token_instead_of_failing_the_step(extreme) -> N
     assert 0 <= out.token_ids[0] < logits.shape[1]
     if extreme["temperature"] < 1e-5:  # too cold to divide by: greedy
         assert out.token_ids[0] == int(logits[0].argmax())
+
+
+def _chi_square_p(observed: torch.Tensor, probs: torch.Tensor) -> float:
+    """P-value of observed counts [V] under probs [V] (chi-square, Wilson-Hilferty)."""
+    n = float(observed.sum())
+    kept = probs > 0
+    assert observed[~kept].sum() == 0, "drew a token the reference never draws"
+    expected = probs[kept].double() * n
+    stat = float(((observed[kept].double() - expected) ** 2 / expected).sum())
+    df = int(kept.sum()) - 1
+    if df == 0:
+        return 1.0
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+DISTRIBUTION_CASES = [
+    {"temperature": 1.0},
+    {"temperature": 0.7, "top_p": 0.9},
+    {"temperature": 1.3, "top_k": 5},
+    {"temperature": 1.0, "min_p": 0.05},
+    {"temperature": 0.8, "top_k": 20, "top_p": 0.6, "min_p": 0.02},
+    {"temperature": 2.0, "top_p": 0.99},
+]
+
+
+@pytest.mark.parametrize("candidates", [64, 4], ids=["in-candidates", "wider-and-dense"])
+@pytest.mark.parametrize("case", DISTRIBUTION_CASES, ids=lambda c: ",".join(map(str, c.values())))
+def test_draws_follow_the_reference_distribution(
+    case: dict, candidates: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 4 candidates: most rows need the wider set or the dense fallback, every path is drawn.
+    monkeypatch.setattr(sampler, "CANDIDATES", candidates)
+    monkeypatch.setattr(sampler, "WIDE_CANDIDATES", 2 * candidates)
+    logits = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(7)) * 2.5
+    n = 20_000
+    torch.manual_seed(0)
+    tokens = draw(logits.repeat(n, 1), [SamplingOptions(**case)] * n, uniforms([None] * n, [0] * n))
+    observed = torch.bincount(tokens, minlength=VOCAB)
+    reference = sampling_probs(logits, [SamplingOptions(**case)])[0]
+    assert _chi_square_p(observed, reference) > 1e-4
+
+
+def test_the_distribution_check_rejects_a_sampler_that_ignores_top_p() -> None:
+    logits = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(7)) * 2.5
+    n = 20_000
+    torch.manual_seed(0)
+    wrong = draw(logits.repeat(n, 1), [SamplingOptions(temperature=1.0)] * n, torch.rand(n))
+    reference = sampling_probs(logits, [SamplingOptions(temperature=1.0, top_p=0.99)])[0]
+    with pytest.raises(AssertionError, match="never draws"):
+        _chi_square_p(torch.bincount(wrong, minlength=VOCAB), reference)
+    wrong_t = draw(logits.repeat(n, 1), [SamplingOptions(temperature=1.2)] * n, torch.rand(n))
+    reference_t = sampling_probs(logits, [SamplingOptions(temperature=1.0)])[0]
+    assert _chi_square_p(torch.bincount(wrong_t, minlength=VOCAB), reference_t) < 1e-4
+
+
+def test_the_caller_logits_are_not_changed() -> None:
+    logits = _logits(2)
+    before = logits.clone()
+    options = [SamplingOptions(temperature=0.7, repetition_penalty=1.3), SamplingOptions()]
+    _sample(logits, options, [[1, 2], []])
+    assert torch.equal(logits, before)
