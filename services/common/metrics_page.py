@@ -9,6 +9,11 @@ Prometheus stores the sample names, and every query for `layerserve:...` finds n
 `allow-utf-8` it writes every name that is valid in the classic format
 (`[a-zA-Z_:][a-zA-Z0-9_:]*`, as all of ours are) as it is. The text format (0.0.4) writes them as
 they are either way.
+
+prometheus_client also writes a histogram with negative buckets (a signed quantity, such as the
+scheduler's prefix_cache_prediction_error_tokens) with a `_count` but no `_sum`, which
+OpenMetrics forbids (`_count` if and only if `_sum`) and its own parser refuses, with the whole
+page; in OpenMetrics such a histogram goes without `_count` (its +Inf bucket says the same).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGIServer
 from prometheus_client.exposition import generate_latest as text_page
+from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 
@@ -39,9 +45,29 @@ def render(accept: str | None, registry: Collector = REGISTRY) -> tuple[bytes, s
     """The registry's metrics and their Content-Type: OpenMetrics 1.0 (with exemplars) when
     `accept` asks for it, else the Prometheus text format 0.0.4."""
     if wants_openmetrics(accept):
-        page = openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8)
+        page = openmetrics.generate_latest(_Conformant(registry), escaping=openmetrics.ALLOWUTF8)
         return page, openmetrics.CONTENT_TYPE_LATEST
     return text_page(registry), CONTENT_TYPE_PLAIN_0_0_4
+
+
+class _Conformant(Collector):
+    """The registry's families, histograms without a _sum also without their _count."""
+
+    def __init__(self, registry: Collector) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._registry.collect():
+            yield _without_lone_count(family) if family.type == "histogram" else family
+
+
+def _without_lone_count(family: Metric) -> Metric:
+    names = {sample.name for sample in family.samples}
+    if family.name + "_sum" in names or family.name + "_count" not in names:
+        return family
+    copy = Metric(family.name, family.documentation, family.type, family.unit)
+    copy.samples = [s for s in family.samples if s.name != family.name + "_count"]
+    return copy
 
 
 def wsgi_app(registry: Collector = REGISTRY) -> Callable:

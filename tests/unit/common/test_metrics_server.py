@@ -10,8 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry, Histogram
 
 from services.common.metrics import serve_metrics
+from services.common.metrics_page import render
 from services.common.tls import TlsSettings
 from services.worker.serving.step_metrics import MODEL_FORWARD_TIME
 from tests.e2e.conftest import free_ports
@@ -84,3 +86,18 @@ def test_under_mutual_tls_only_a_scraper_with_a_certificate_gets_in(
     known.load_cert_chain(leaf.cert, leaf.key)
     response = httpx.get(url, verify=known, timeout=10)
     assert response.status_code == 200 and "layerserve:" in response.text
+
+
+def test_a_signed_histogram_is_valid_openmetrics() -> None:
+    """Negative buckets: no _sum, so (OpenMetrics) no _count either, and the page parses."""
+    registry = CollectorRegistry()
+    signed = Histogram(
+        "layerserve:error_tokens", "d", ["model"], buckets=(-8, 0, 8), registry=registry
+    )
+    signed.labels("m").observe(-3)
+    page, _ = render(OPENMETRICS, registry)
+    scrape = Scrape.parse(page.decode(), openmetrics=True)
+    assert scrape.value("layerserve:error_tokens_bucket", le="0.0") == 1
+    assert "layerserve:error_tokens_count" not in scrape.names
+    text = Scrape.parse(render(None, registry)[0].decode())
+    assert text.value("layerserve:error_tokens_count") == 1  # the text format keeps it
