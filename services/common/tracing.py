@@ -126,6 +126,17 @@ def carrier_of(span: Span) -> dict[str, str]:
     return carrier
 
 
+def sampled_trace_id(carrier: Mapping[str, str]) -> str | None:
+    """The trace id (32 hex digits) of a W3C carrier, when this process traces and the trace is
+    sampled (a metric's exemplar then names a trace that exists); else None."""
+    if _tracer is None or not carrier:
+        return None
+    context = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
+    if not (context.is_valid and context.trace_flags.sampled):
+        return None
+    return trace.format_trace_id(context.trace_id)
+
+
 def forward(span: Span | None, received: Mapping[str, str]) -> dict[str, str]:
     """The carrier to send on: `span`'s when this process traces, else what it received (so a
     stack whose middle does not trace still links its ends)."""

@@ -168,7 +168,7 @@ def reservation(requests: list[GenerationRequest]) -> int:
 
 class _MeteredBackend:
     """Passes requests through to the real backend, tallying the tokens of each delta and
-    timing each choice (TTFT, TPOT, end to end: request_metrics.py)."""
+    timing each choice (TTFT, ITL, TPOT, end to end: request_metrics.py)."""
 
     def __init__(self, backend: Backend, requests: list[GenerationRequest], started: float) -> None:
         self._backend = backend
@@ -178,7 +178,7 @@ class _MeteredBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         index = self._index.get(request.request_id, 0)
-        timer = ChoiceTimer(self._started, request.model)
+        timer = ChoiceTimer(self._started, request.model, request.trace_context)
         deltas = self._backend.generate(request)
         try:
             async for delta in deltas:

@@ -1,13 +1,17 @@
 """What the gateway measures, as the client sees it, and its GET /metrics.
 
 Per choice (an OpenAI request with n=2 is observed twice), from the moment the front door
-starts admitting the request: the time to its first generated token, the mean time per output
-token after that ((last - first) / (completion tokens - 1)), and the end-to-end latency once it
-finishes, with the model that served it (an alias's target). Every request that ends in an
-error counts once under `code`: the `code` of the OpenAI error body it got (for the stack's own
-errors the gRPC status name, lowercased: `resource_exhausted`, `invalid_argument`, ...), with
-`cancelled` for a client that went away before its answer ended. Prompt and generation token
-counts are the scheduler's (services/scheduler/scheduler_metrics.py).
+starts admitting the request: the time to its first generated token, every gap between two
+consecutive tokens (inter-token latency; tokens that arrive in one delta share the gap since the
+previous delta evenly, so the gaps add up to last - first), the mean time per output token after
+the first ((last - first) / (completion tokens - 1)), and the end-to-end latency once it
+finishes, with the model that served it (an alias's target). When the request is traced, the
+latency observations carry its trace id as an OpenMetrics exemplar (Grafana links it to
+Jaeger). Every request that ends in an error counts once under `code`: the `code` of the
+OpenAI error body it got (for the stack's own errors the gRPC status name, lowercased:
+`resource_exhausted`, `invalid_argument`, ...), with `cancelled` for a client that went away
+before its answer ended. Prompt and generation token counts are the scheduler's
+(services/scheduler/scheduler_metrics.py).
 """
 
 from __future__ import annotations
@@ -18,9 +22,8 @@ from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from services.common import metrics
+from services.common import metrics, tracing
 from services.common.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -32,6 +35,7 @@ from services.common.errors import (
     Unauthenticated,
     Unavailable,
 )
+from services.common.metrics_page import render
 from services.gateway.backend import GenerationDelta
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -40,6 +44,12 @@ TIME_TO_FIRST_TOKEN = metrics.histogram(
     "time_to_first_token_seconds",
     "Time from a request's admission at the gateway to its first generated token, per choice.",
     metrics.LATENCY_BUCKETS,
+    ("model",),
+)
+INTER_TOKEN_LATENCY = metrics.histogram(
+    "inter_token_latency_seconds",
+    "Every gap between two consecutive output tokens of a choice, as the gateway sees them.",
+    metrics.TOKEN_LATENCY_BUCKETS,
     ("model",),
 )
 TIME_PER_OUTPUT_TOKEN = metrics.histogram(
@@ -91,6 +101,13 @@ _CODE_OF_STATUS = {
 }
 
 
+# Every known label value exists from the start, at 0: a panel shows 0, not "no data".
+for _code in _CODE_OF_STATUS.values():
+    ERRORS.labels(code=_code)
+for _limit in ("concurrent", "rate"):
+    RATE_LIMITED.labels(limit=_limit)
+
+
 def error_code(error: BaseException) -> str:
     if isinstance(error, LayerserveError):
         return error.grpc_code.name.lower()
@@ -136,31 +153,48 @@ def error_counter(skip: frozenset[str]) -> Callable:
 
 
 async def serve_metrics(request: web.Request) -> web.Response:
-    """GET /metrics: this process's metrics in the Prometheus text format."""
-    body = generate_latest(REGISTRY)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """GET /metrics: this process's metrics, in OpenMetrics (with exemplars) when the scraper
+    asks for it, else in the Prometheus text format."""
+    body, content_type = render(request.headers.get("Accept"))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 class ChoiceTimer:
-    """Times one choice from `started` (time.monotonic()) through the deltas it produces."""
+    """Times one choice from `started` (time.monotonic()) through the deltas it produces;
+    `trace_context`: the request's W3C carrier (its trace id goes into exemplars)."""
 
-    __slots__ = ("_started", "_model", "_first")
+    __slots__ = ("_started", "_model", "_first", "_last", "_exemplar")
 
-    def __init__(self, started: float, model: str) -> None:
+    def __init__(self, started: float, model: str, trace_context: dict[str, str] | None = None):
         self._started = started
         self._model = model
         self._first: float | None = None
+        self._last: float | None = None
+        trace_id = tracing.sampled_trace_id(trace_context or {})
+        self._exemplar = {"trace_id": trace_id} if trace_id is not None else None
 
     def add(self, delta: GenerationDelta) -> None:
         now = time.monotonic()
         model = delta.model or self._model
-        if self._first is None and delta.token_ids:
-            self._first = now
-            TIME_TO_FIRST_TOKEN.labels(model).observe(now - self._started)
+        if delta.token_ids:
+            self._tokens(model, len(delta.token_ids), now)
         if delta.finish_reason is None:
             return
-        E2E_LATENCY.labels(model).observe(now - self._started)
+        E2E_LATENCY.labels(model).observe(now - self._started, self._exemplar)
         FINISHED.labels(model, delta.finish_reason).inc()
         if self._first is not None and delta.completion_tokens > 1:
             per_token = (now - self._first) / (delta.completion_tokens - 1)
             TIME_PER_OUTPUT_TOKEN.labels(model).observe(per_token)
+
+    def _tokens(self, model: str, count: int, now: float) -> None:
+        """`count` tokens arrived at `now`: the first one's TTFT, then one gap per token."""
+        itl = INTER_TOKEN_LATENCY.labels(model)
+        if self._last is None:
+            self._first = now
+            TIME_TO_FIRST_TOKEN.labels(model).observe(now - self._started, self._exemplar)
+            gaps, gap = count - 1, 0.0  # the rest came with the first one
+        else:
+            gaps, gap = count, (now - self._last) / count
+        for _ in range(gaps):
+            itl.observe(gap, self._exemplar)
+        self._last = now

@@ -1,20 +1,27 @@
-"""The gateway's GET /metrics as an operator reads it: latencies as the client sees them, 429s
-told apart by cause, errors by the code the client got, requests in flight."""
+"""The gateway's GET /metrics as an operator reads it: latencies as the client sees them (with
+the trace id of a traced request as an exemplar), 429s told apart by cause, errors by the code
+the client got, requests in flight."""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
+from collections.abc import Iterator
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from opentelemetry.sdk.trace import TracerProvider
 
+from services.common import tracing
 from services.gateway.api_keys import KeyLimits
 from services.gateway.http_app import create_app
-from tests.prometheus_text import Scrape
+from tests.prometheus_text import OPENMETRICS, Scrape
 from tests.unit.gateway.conftest import front_door
 from tests.unit.gateway.echo_backend import MODEL, EchoBackend
 
 TTFT = "layerserve:time_to_first_token_seconds"
 TPOT = "layerserve:time_per_output_token_seconds"
+ITL = "layerserve:inter_token_latency_seconds"
 E2E = "layerserve:e2e_request_latency_seconds"
 ERRORS = "layerserve:request_errors_total"
 REJECTED = "layerserve:rate_limit_rejections_total"
@@ -53,6 +60,9 @@ async def test_each_choice_is_timed_from_admission_as_the_client_sees_it():
     assert after.delta(before, TTFT + "_sum", model=MODEL) >= 3 * AT_LEAST
     assert after.delta(before, TPOT + "_sum", model=MODEL) >= 3 * AT_LEAST
     assert after.delta(before, E2E + "_sum", model=MODEL) >= 3 * 3 * AT_LEAST
+    # Every gap between two tokens: two per choice.
+    assert after.delta(before, ITL + "_count", model=MODEL) == 3 * 2
+    assert after.delta(before, ITL + "_sum", model=MODEL) >= 3 * 2 * AT_LEAST
     success = "layerserve:request_success_total"
     assert after.delta(before, success, model=MODEL, finished_reason="stop") == 3
     assert after.delta(before, ERRORS) == 0
@@ -138,3 +148,31 @@ async def test_a_client_that_hangs_up_is_counted_as_cancelled():
             await asyncio.sleep(0.02)
     assert after.delta(before, ERRORS, code="cancelled") == 1
     assert after.delta(before, E2E + "_count") == 0
+
+
+@pytest.fixture
+def traced() -> Iterator[None]:
+    tracing.install(TracerProvider(), "gateway")  # spans built and dropped
+    yield
+    tracing.shutdown_tracing()
+
+
+async def test_a_traced_request_is_an_exemplar_of_its_latencies_in_openmetrics(traced):
+    trace_id = secrets.token_hex(16)
+    headers = {**auth("k"), "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}
+    app = create_app(EchoBackend(token_delay=0.001), front_door=front_door("k"))
+    async with TestClient(TestServer(app)) as client:
+        body = {**BODY, "stream": True}
+        streamed = await client.post("/v1/completions", json=body, headers=headers)
+        assert (await streamed.read()).endswith(b"data: [DONE]\n\n")
+        response = await client.get("/metrics", headers={"Accept": OPENMETRICS})
+        assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+        page = Scrape.parse(await response.text(), openmetrics=True)
+    for name in (TTFT, ITL, E2E):
+        found = {
+            e.labels["trace_id"] for (n, _), e in page.exemplars.items() if n == name + "_bucket"
+        }
+        assert trace_id in found, name
+    assert not any(
+        n.startswith("layerserve_") for n in page.names
+    )  # the names as Prometheus stores them
