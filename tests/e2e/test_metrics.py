@@ -1,7 +1,9 @@
 """Prometheus metrics on real processes: the gateway's /metrics on its HTTP port and the
 tokenizer's, scheduler's and worker's on their own metrics ports (given per process by the
 launcher, so one LAYERSERVE_METRICS_PORT in the environment cannot make them collide) move as
-requests go through, and together export every metric the Grafana dashboard may query."""
+requests go through, and together export every metric the Grafana dashboard may query: as
+samples, under the names the dashboards, the autoscaler and the README use, in both formats
+Prometheus negotiates, parsed as it ingests them."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from layerserve.gateway.v1 import gateway_pb2
 from services.stack import Stack
 from tests.e2e.conftest import API_KEY, MODEL, free_ports, loopback_config, start_stack
 from tests.e2e.helpers import chat_body, grpc_generate, post, stream
-from tests.prometheus_text import Scrape
+from tests.metric_names import autoscaler_names, dashboard_names, readme_names, sample_names
+from tests.prometheus_text import OPENMETRICS, Scrape
 from tests.unit.test_observability import HISTOGRAMS, SERIES
 
 pytestmark = pytest.mark.e2e
@@ -47,17 +50,20 @@ def metrics_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack.stop()
 
 
-def scrape_all(stack: Stack) -> dict[str, Scrape]:
+def scrape_all(stack: Stack, openmetrics: bool = False) -> dict[str, Scrape]:
+    """Every service's page; `openmetrics`: asked for as Prometheus does first."""
     ports = stack.config.metrics_ports
     urls = {"gateway": f"{stack.http_url}/metrics"}  # no API key needed
     urls |= {name: f"http://127.0.0.1:{ports[name]}/metrics" for name in ("tokenizer", "scheduler")}
     urls["worker"] = f"http://127.0.0.1:{ports['worker0']}/metrics"
+    headers = {"Accept": OPENMETRICS} if openmetrics else {}
+    kind = "application/openmetrics-text" if openmetrics else "text/plain; version=0.0.4"
     pages = {}
     for service, url in urls.items():
-        response = httpx.get(url, timeout=30)
+        response = httpx.get(url, headers=headers, timeout=30)
         assert response.status_code == 200, (service, response.text)
-        assert response.headers["content-type"].startswith("text/plain"), service
-        pages[service] = Scrape.parse(response.text)
+        assert response.headers["content-type"].startswith(kind), service
+        pages[service] = Scrape.parse(response.text, openmetrics=openmetrics)
     return pages
 
 
@@ -129,3 +135,19 @@ def test_together_the_services_export_what_the_dashboard_queries(metrics_stack: 
             assert types.get(name.removesuffix("_total")) == "counter", name
         else:
             assert types.get(name) == "gauge", name
+
+
+@pytest.mark.parametrize("openmetrics", [False, True], ids=["text-0.0.4", "openmetrics"])
+def test_every_name_in_use_is_a_sample_after_a_request(metrics_stack: Stack, openmetrics: bool):
+    body = chat_body("Hello!", max_tokens=MAX_TOKENS)
+    assert len(stream(metrics_stack, "/v1/chat/completions", body)) > 1
+    pages = scrape_all(metrics_stack, openmetrics)
+    names = {name for page in pages.values() for name in page.names}
+    for service, page in pages.items():
+        # Prometheus stores what the samples say, whatever the # TYPE line declared.
+        stray = {n for n in page.names if n.startswith("layerserve_")}
+        assert not stray, (service, stray)
+    wanted = dashboard_names() | autoscaler_names()
+    assert wanted - names == set()
+    for name, kind in readme_names().items():
+        assert sample_names(name, kind) <= names, name
