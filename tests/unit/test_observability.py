@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.metric_names import autoscaler_names, dashboard_names, readme_names, sample_names
 from tests.unit.compose_files import GPU_FILES, LAYERSERVE_SERVICES, REPO, resolve, service_config
 
 OBSERVABILITY = REPO / "observability"
@@ -22,6 +23,7 @@ HISTOGRAMS = {
     "layerserve:time_to_first_token_seconds",
     "layerserve:time_per_output_token_seconds",
     "layerserve:e2e_request_latency_seconds",
+    "layerserve:inter_token_latency_seconds",
     "layerserve:request_queue_time_seconds",
     "layerserve:iteration_tokens_total",
 }
@@ -99,6 +101,11 @@ def test_grafana_is_provisioned_with_prometheus_jaeger_and_the_dashboard(compose
     # The dashboard asks for a data source that exists.
     uids = {s["uid"] for s in sources.values()}
     assert {t["datasource"]["uid"] for t in _targets()} <= uids
+    # An exemplar's trace_id opens its trace in Jaeger.
+    links = sources["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
+    assert links == [{"name": "trace_id", "datasourceUid": sources["jaeger"]["uid"]}]
+    # and Prometheus keeps exemplars.
+    assert "--enable-feature=exemplar-storage" in compose["services"]["prometheus"]["command"]
 
 
 def test_dashboard_queries_only_exported_metrics_each_as_its_type_allows() -> None:
@@ -118,6 +125,7 @@ def test_dashboard_shows_latency_throughput_cache_and_queues() -> None:
         "layerserve:time_to_first_token_seconds",
         "layerserve:time_per_output_token_seconds",
         "layerserve:e2e_request_latency_seconds",
+        "layerserve:inter_token_latency_seconds",
     ):
         assert histogram + "_bucket" in used, histogram  # its p50 and p95
     assert {
@@ -128,6 +136,20 @@ def test_dashboard_shows_latency_throughput_cache_and_queues() -> None:
         "layerserve:num_requests_running",
         "layerserve:num_requests_waiting",
     } <= used
+
+
+def test_the_readme_lists_every_metric_the_dashboard_and_the_autoscaler_use() -> None:
+    listed = readme_names()
+    documented = {n for name, kind in listed.items() for n in sample_names(name, kind)}
+    documented |= {
+        name + suffix
+        for name, kind in listed.items()
+        if kind == "histogram"
+        for suffix in ("_count", "_sum")
+    }
+    assert dashboard_names() | autoscaler_names() <= documented
+    assert autoscaler_names() == {"layerserve:num_requests_waiting"}
+    assert set(listed) >= {n.removesuffix("_bucket") for n in HISTOGRAMS}
 
 
 def _targets() -> list[dict]:
