@@ -8,11 +8,13 @@ pre-tokenised workloads (docs/benchmarks.md says what each level reports).
     layerserve bench ... --update-docs                # also regenerate docs/benchmarks.md's section
 
 Writes results.json, results.md and latency_throughput.png to --out; a progress bar on
-stderr. Exits 1 when a correctness gate or a kernel check fails (the numbers do not count)."""
+stderr. Exits 1 when a correctness gate or a kernel check fails (the numbers do not count).
+--update-docs refuses to start (exit 3) on a busy machine unless --allow-busy says otherwise."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import sys
@@ -25,11 +27,12 @@ from benchmarks.l0_kernels import l0_runs, run_l0
 from benchmarks.l1_worker import L1Plan, run_l1
 from benchmarks.l2_engine import BASELINES, L2Plan, run_l2
 from benchmarks.l3_service import L3Plan, run_l3
-from benchmarks.machine import ceilings, load_average, machine
+from benchmarks.machine import busy_reason, ceilings, load_average, machine
 from benchmarks.metrics import Slo
 from benchmarks.offline import MODEL
 from benchmarks.plot import plot_latency_throughput
 from benchmarks.progress import Progress
+from benchmarks.sampling import SAMPLINGS, Sampling, sampling_named
 from benchmarks.scales import SCALES, Scale, scale_named
 from benchmarks.workload import WORKLOADS
 from services.common.env import env_str
@@ -54,6 +57,8 @@ class BenchConfig:
     progress: bool
     command: str
     threads: int  # torch intra-op threads here and in L3's worker; 0: torch's default
+    samplings: tuple[Sampling, ...]  # each workload runs once per mode, in this order
+    allow_busy: bool  # --update-docs even when the machine was busy at the start
 
 
 def parse_config(argv: list[str]) -> BenchConfig:
@@ -89,6 +94,10 @@ def parse_config(argv: list[str]) -> BenchConfig:
         progress=not a.no_progress,
         command=shlex.join(["layerserve", "bench", *argv]),
         threads=a.threads,
+        samplings=tuple(
+            sampling_named(n) for n in _choices("--sampling", a.sampling, tuple(SAMPLINGS))
+        ),
+        allow_busy=a.allow_busy,
     )
 
 
@@ -121,6 +130,19 @@ def _parser() -> argparse.ArgumentParser:
         help="torch threads for every side and L3's worker (0: torch's default); on a shared, "
         "oversubscribed box 1 avoids OpenMP threads waiting on descheduled peers",
     )
+    p.add_argument(
+        "--sampling",
+        default="sampled,greedy",
+        help="sampled (temperature 0.7, top_p 0.95, a seed per request, as clients do) and/or "
+        "greedy: each workload runs once per mode, on every side; the correctness gate is "
+        "greedy whatever this says",
+    )
+    p.add_argument(
+        "--allow-busy",
+        action="store_true",
+        help="--update-docs even when the 1-minute load average at the start exceeds half the "
+        "cores; the docs then say the run was measured on a busy machine",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -140,13 +162,17 @@ def _numbers(text: str, kind: type) -> tuple:
         raise ValueError(f"not a list of numbers: {text!r}") from None
 
 
-def run(config: BenchConfig) -> dict:
-    """Every level asked for, in order; the report that the writers take."""
+def run(config: BenchConfig, load_at_start: list[float] | None = None) -> dict:
+    """Every level asked for, in order; the report that the writers take. `load_at_start`: the
+    load average already judged by main() (measured here when None)."""
     l1 = L1Plan(config.scale, config.seed, config.repeats)
-    l2 = L2Plan(config.scale, config.seed, config.workloads, config.baselines, config.repeats)
+    l2 = L2Plan(
+        config.scale, config.seed, config.workloads, config.baselines, config.repeats,
+        config.samplings,
+    )  # fmt: skip
     l3 = L3Plan(
         config.scale, config.seed, config.workloads, config.concurrency, config.rates,
-        config.slo, config.repeats, config.threads,
+        config.slo, config.repeats, config.threads, config.samplings,
     )  # fmt: skip
     if config.threads:
         import torch
@@ -155,7 +181,7 @@ def run(config: BenchConfig) -> dict:
     runs = {"l0": l0_runs(), "l1": l1.runs(), "l2": l2.runs(), "l3": l3.runs()}
     progress = Progress(sum(runs[level] for level in config.levels), config.progress)
     progress.stage("measuring the machine's ceilings")
-    report = _report_head(config)
+    report = _report_head(config, load_average() if load_at_start is None else load_at_start)
     try:
         if "l0" in config.levels:
             report["l0"] = run_l0(progress)
@@ -176,7 +202,9 @@ def run(config: BenchConfig) -> dict:
     return report
 
 
-def _report_head(config: BenchConfig) -> dict:
+def _report_head(config: BenchConfig, load: list[float]) -> dict:
+    cpus = os.cpu_count() or 1
+    busy = busy_reason(load[0], cpus)
     return {
         "command": config.command,
         "scale": config.scale.name,
@@ -186,9 +214,12 @@ def _report_head(config: BenchConfig) -> dict:
         "model": MODEL,
         "dtype": "float32",
         "repeats": config.repeats,
+        "samplings": {s.name: s.describe() for s in config.samplings},
         "slo": {"ttft_ms": 1000 * config.slo.ttft_s, "tpot_ms": 1000 * config.slo.tpot_s},
         "started_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": machine(),
+        "machine": machine() | {"load_average": load},
+        "busy": busy,  # None: quiet at the start; else why the machine counts as busy
+        "allow_busy": config.allow_busy,
         "ceilings": ceilings(),
     }
 
@@ -210,12 +241,12 @@ def _add_l3_over_l2(report: dict) -> None:
     """Each L3 row's output tok/s over the L2 engine's on the same workload (prefix cache as
     in the row): the price of the microservice split."""
     l2 = {
-        (r["workload"], r["system"] == "layerserve"): r["output_tok_s"]
+        (r["workload"], r["sampling"], r["system"] == "layerserve"): r["output_tok_s"]
         for r in report.get("l2", {}).get("rows", [])
         if r["system"] in ("layerserve", "layerserve, prefix cache off") and r["output_tok_s"]
     }
     for row in report["l3"]["rows"]:
-        base = l2.get((row["workload"], row["prefix_cache"]))
+        base = l2.get((row["workload"], row["sampling"], row["prefix_cache"]))
         row["l3_over_l2"] = None if base is None else row["output_tok_s"] / base
 
 
@@ -250,6 +281,18 @@ def failures(report: dict) -> list[str]:
     return found
 
 
+def docs_refusal(config: BenchConfig, load_1min: float, cpus: int) -> str | None:
+    """Why --update-docs must not run now, or None. A run that starts on a busy machine does
+    not go into the docs unless --allow-busy says so (the docs then mark it)."""
+    busy = busy_reason(load_1min, cpus)
+    if config.docs is None or busy is None or config.allow_busy:
+        return None
+    return (
+        f"refusing --update-docs: {busy}; other work would be measured with the engine. Wait "
+        "for a quiet machine, or pass --allow-busy to record it marked as a busy-machine run"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -257,7 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"layerserve bench: {err}", file=sys.stderr)
         return 2
-    report = run(config)
+    load = load_average()
+    refusal = docs_refusal(config, load[0], os.cpu_count() or 1)
+    if refusal:
+        print(f"layerserve bench: {refusal}", file=sys.stderr)
+        return 3
+    report = run(config, load)
     for path in write_outputs(report, config):
         print(f"wrote {path}")
     problems = failures(report)

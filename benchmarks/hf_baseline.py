@@ -85,7 +85,12 @@ def hf_state_dict(loaded: LoadedModel) -> dict[str, torch.Tensor]:
 def _sampling_kwargs(sampling: Sampling) -> dict:
     if sampling.greedy:
         return {"do_sample": False}
-    return {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+    return {
+        "do_sample": True,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": 0,
+    }
 
 
 @torch.inference_mode()

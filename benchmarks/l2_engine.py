@@ -1,9 +1,13 @@
 """L2: the engine offline (scheduler + worker in one process, no RPC) against transformers on
 the same model, dtype and pre-tokenised prompts: generate() on static padded batches
-(`hf-static`) and transformers' continuous batching (`hf-continuous`), greedy, EOS ignored.
+(`hf-static`) and transformers' continuous batching (`hf-continuous`); and against llama.cpp
+on the same GGUF (`llama-cpp`, benchmarks/llama_cpp_baseline.py). EOS ignored; each workload
+runs once per sampling mode (benchmarks/sampling.py: `sampled` as clients do, `greedy`).
 
 A correctness gate comes first: greedy tokens of the engine equal generate()'s on the first
-`scale.gate_prompts` prompts; if they do not, no L2 number is measured."""
+`scale.gate_prompts` prompts; if they do not, no L2 number is measured. llama.cpp's greedy
+agreement is reported beside it but is not part of the gate: its quantised dot products are not
+the dequantised float32 arithmetic both other sides do."""
 
 from __future__ import annotations
 
@@ -12,15 +16,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from benchmarks.hf_baseline import continuous_batching_available, hf_continuous, hf_generate
+from benchmarks.llama_cpp_baseline import (
+    NOT_INSTALLED,
+    LlamaCppBudget,
+    LlamaCppEngine,
+    llama_cpp_available,
+)
 from benchmarks.offline import BLOCK_SIZE, OfflineEngine, make_runner
 from benchmarks.progress import Progress
+from benchmarks.sampling import GREEDY, Sampling, request_seeds
 from benchmarks.scales import Scale
 from benchmarks.workload import Item, build_workload, describe
 from services.scheduler.scheduler import SchedulerLimits
-from services.worker.model.loader import LoadedModel
+from services.worker.model.loader import LoadedModel, default_path
 
-BASELINES = ("hf-static", "hf-continuous")
+BASELINES = ("hf-static", "hf-continuous", "llama-cpp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +43,13 @@ class L2Plan:
     workloads: tuple[str, ...]
     baselines: tuple[str, ...]
     repeats: int
+    samplings: tuple[Sampling, ...] = (GREEDY,)
 
     def runs(self) -> int:
         """Timed runs, for the progress bar: the engine (twice for shared-prefix: cache on and
-        off) and each baseline, `repeats` times per workload."""
+        off) and each baseline, `repeats` times per workload and sampling mode."""
         systems = sum(1 + len(self.baselines) + (w == "shared-prefix") for w in self.workloads)
-        return systems * self.repeats
+        return systems * len(self.samplings) * self.repeats
 
 
 def run_l2(plan: L2Plan, loaded: LoadedModel, hf, progress: Progress) -> dict:
@@ -49,7 +63,15 @@ def run_l2(plan: L2Plan, loaded: LoadedModel, hf, progress: Progress) -> dict:
     for name in plan.workloads:
         items = build_workload(name, plan.scale, plan.seed)
         result["workloads"][name] = describe(items)
-        result["rows"] += workload_rows(plan, name, items, loaded, hf, gate, progress)
+        llama = _llama_engine(plan, items)
+        try:
+            for sampling in plan.samplings:
+                result["rows"] += workload_rows(
+                    plan, name, items, sampling, (loaded, hf, llama), gate, progress
+                )
+        finally:
+            if llama is not None:
+                llama.close()
     return result
 
 
@@ -73,52 +95,100 @@ def correctness_gate(plan: L2Plan, loaded: LoadedModel, hf, progress: Progress) 
         theirs = hf_continuous(hf, prompts, outs)
         same_cb = sum(a == b for a, b in zip(theirs, reference, strict=True))
         gate["hf-continuous"] = f"{same_cb}/{len(items)}"
+    llama = _llama_engine(plan, items)
+    if llama is not None:
+        theirs = llama.generate(prompts, outs, GREEDY, [0] * len(items))
+        llama.close()
+        same_ll = sum(a == b for a, b in zip(theirs, reference, strict=True))
+        gate["llama-cpp"] = f"{same_ll}/{len(items)}"
     progress.note(f"L2 correctness gate: {gate}")
     return gate
 
 
 def workload_rows(
-    plan: L2Plan, name: str, items: list[Item], loaded: LoadedModel, hf, gate: dict, progress
+    plan: L2Plan,
+    name: str,
+    items: list[Item],
+    sampling: Sampling,
+    models: tuple,
+    gate: dict,
+    progress: Progress,
 ) -> list[dict]:
+    """One row per system for `name` sampled as `sampling` says; models = (our loaded model,
+    transformers' model, a LlamaCppEngine or None)."""
+    loaded, hf, llama = models
     prompts, outs = [i.prompt_ids for i in items], [i.output_len for i in items]
+    seeds = request_seeds(plan.seed, len(items))
+    options = sampling.options(seeds)
     runner = make_runner(loaded, _blocks_for(items, plan.scale))
     systems: dict[str, Callable[[], object]] = {}
     for caching in (True, False) if name == "shared-prefix" else (True,):
         engine = OfflineEngine(runner, _limits(plan, caching))
-        engine.generate(prompts[:2], [4, 4])  # warm-up, excluded
+        engine.generate(prompts[:2], [4, 4], options[:2])  # warm-up, excluded
         label = "layerserve" if caching else "layerserve, prefix cache off"
-        systems[label] = _fresh_cache_run(engine, prompts, outs)
+        systems[label] = _fresh_cache_run(engine, prompts, outs, options)
+    hf_kw = {"sampling": sampling, "seed": plan.seed}
     notes: dict[str, str] = {}
     if "hf-static" in plan.baselines:
-        hf_generate(hf, prompts[:2], [4, 4], batch_size=2)  # warm-up
+        hf_generate(hf, prompts[:2], [4, 4], batch_size=2, **hf_kw)  # warm-up
         batch = plan.scale.max_num_seqs
-        systems["hf-static"] = lambda: hf_generate(hf, prompts, outs, batch_size=batch)
+        systems["hf-static"] = lambda: hf_generate(hf, prompts, outs, batch_size=batch, **hf_kw)
+        if not sampling.greedy:
+            notes["hf-static"] = "one seed per batch"
     if "hf-continuous" in plan.baselines:
         if continuous_batching_available(hf):
-            hf_continuous(hf, prompts[:2], [4, 4])  # warm-up
+            hf_continuous(hf, prompts[:2], [4, 4], **hf_kw)  # warm-up
+            s = plan.scale
             systems["hf-continuous"] = lambda: hf_continuous(
-                hf, prompts, outs, plan.scale.max_num_batched_tokens, plan.scale.max_num_seqs
+                hf, prompts, outs, s.max_num_batched_tokens, s.max_num_seqs, **hf_kw
             )
-            notes["hf-continuous"] = f"gate {gate.get('hf-continuous', 'not run')}"
+            seeding = "" if sampling.greedy else "; one seed per run"
+            notes["hf-continuous"] = f"gate {gate.get('hf-continuous', 'not run')}{seeding}"
         else:
             notes["hf-continuous"] = "not in this transformers version: not run"
             progress.note("hf-continuous: this transformers has no continuous batching; skipped")
             progress.advance(plan.repeats)
+    if "llama-cpp" in plan.baselines:
+        if llama is not None:
+            llama.generate(prompts[:2], [4, 4], sampling, seeds[:2])  # warm-up
+            systems["llama-cpp"] = lambda: llama.generate(prompts, outs, sampling, seeds)
+            notes["llama-cpp"] = f"{llama.describe()}; greedy agreement {gate.get('llama-cpp')}"
+        else:
+            notes["llama-cpp"] = NOT_INSTALLED
+            progress.note(f"llama-cpp: {NOT_INSTALLED}; skipped")
+            progress.advance(plan.repeats)
     rows = []
     for system, fn in systems.items():
-        progress.stage(f"L2 {name}: {system}")
+        progress.stage(f"L2 {name} ({sampling.name}): {system}")
         runs = [_timed(fn, progress) for _ in range(plan.repeats)]
-        rows.append(_row(name, system, runs, sum(outs), notes.get(system, "")))
+        rows.append(_row(name, sampling.name, system, runs, sum(outs), notes.get(system, "")))
     _add_ratios(rows)
-    return rows + [_skipped(name, s, n) for s, n in notes.items() if s not in systems]
+    return rows + [
+        _skipped(name, sampling.name, s, n) for s, n in notes.items() if s not in systems
+    ]
 
 
-def _fresh_cache_run(engine: OfflineEngine, prompts: list[list[int]], outs: list[int]):
+def _llama_engine(plan: L2Plan, items: list[Item]) -> LlamaCppEngine | None:
+    """llama.cpp on the GGUF layerserve serves, with layerserve's KV, token, request and thread
+    budgets; None when not asked for or not installed."""
+    if "llama-cpp" not in plan.baselines or not llama_cpp_available():
+        return None
+    s = plan.scale
+    budget = LlamaCppBudget(
+        n_ctx=_blocks_for(items, s) * BLOCK_SIZE,
+        n_batch=s.max_num_batched_tokens,
+        n_seq_max=s.max_num_seqs,
+        n_threads=torch.get_num_threads(),
+    )
+    return LlamaCppEngine(default_path(), budget)
+
+
+def _fresh_cache_run(engine: OfflineEngine, prompts: list[list[int]], outs: list[int], options):
     """Each timed run starts with an empty prefix cache: only hits within the run count."""
 
     def run() -> None:
         engine.scheduler.kv.drop_cache()
-        engine.generate(prompts, outs)
+        engine.generate(prompts, outs, options)
 
     return run
 
@@ -131,10 +201,13 @@ def _timed(fn: Callable[[], object], progress: Progress) -> float:
     return elapsed
 
 
-def _row(workload: str, system: str, runs: list[float], tokens: int, note: str) -> dict:
+def _row(
+    workload: str, sampling: str, system: str, runs: list[float], tokens: int, note: str
+) -> dict:
     wall = statistics.median(runs)
     return {
         "workload": workload,
+        "sampling": sampling,
         "system": system,
         "wall_s": wall,
         "runs_s": runs,
@@ -144,9 +217,10 @@ def _row(workload: str, system: str, runs: list[float], tokens: int, note: str) 
     }
 
 
-def _skipped(workload: str, system: str, note: str) -> dict:
+def _skipped(workload: str, sampling: str, system: str, note: str) -> dict:
     return {
         "workload": workload,
+        "sampling": sampling,
         "system": system,
         "wall_s": None,
         "output_tok_s": None,
@@ -155,10 +229,12 @@ def _skipped(workload: str, system: str, note: str) -> dict:
 
 
 def _add_ratios(rows: list[dict]) -> None:
-    """Each row's throughput as a multiple of hf-static's in the same run."""
-    base = next((r["output_tok_s"] for r in rows if r["system"] == "hf-static"), None)
-    for row in rows:
-        row["vs_hf_static"] = None if base is None else row["output_tok_s"] / base
+    """Each row's throughput as a multiple of hf-static's and of llama-cpp's in the same run
+    (rows of one workload and sampling mode)."""
+    for system, key in (("hf-static", "vs_hf_static"), ("llama-cpp", "vs_llama_cpp")):
+        base = next((r["output_tok_s"] for r in rows if r["system"] == system), None)
+        for row in rows:
+            row[key] = None if base is None else row["output_tok_s"] / base
 
 
 def _limits(plan: L2Plan, caching: bool) -> SchedulerLimits:

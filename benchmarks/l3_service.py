@@ -5,7 +5,8 @@ queued at t=0) and at each Poisson arrival rate (no concurrency limit).
 The stack runs with prefix caching on, as it ships. So that no run hits blocks cached by an
 earlier one, every run sends a fresh variant of the workload: the same lengths, new token ids
 (for shared-prefix, a new shared prefix). Shared-prefix also runs on a second stack with
-caching off. Every request must return exactly the tokens it asked for (EOS is ignored)."""
+caching off. Every request must return exactly the tokens it asked for (EOS is ignored). Each
+workload runs once per sampling mode (benchmarks/sampling.py), each request with its own seed."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from benchmarks.arrivals import poisson_arrivals
 from benchmarks.metrics import Slo
 from benchmarks.offline import BLOCK_SIZE, MODEL
 from benchmarks.progress import Progress
+from benchmarks.sampling import GREEDY, Sampling
 from benchmarks.scales import Scale
 from benchmarks.service import run_through_gateway
 from benchmarks.workload import build_workload
@@ -36,11 +38,12 @@ class L3Plan:
     slo: Slo
     repeats: int
     threads: int = 0  # the worker's --threads (0: torch's default)
+    samplings: tuple[Sampling, ...] = (GREEDY,)
 
     def runs(self) -> int:
         points = len(self.concurrency) + len(self.rates)
         per_setting = sum(1 + (w == "shared-prefix") for w in self.workloads)
-        return per_setting * points * self.repeats
+        return per_setting * len(self.samplings) * points * self.repeats
 
 
 def run_l3(plan: L3Plan, progress: Progress) -> dict:
@@ -59,34 +62,39 @@ def _on_stack(plan: L3Plan, workloads: tuple[str, ...], caching: bool, progress)
         stack.start()
         try:
             for name in workloads:
-                rows += _sweep(plan, name, stack.http_url, caching, progress)
+                for sampling in plan.samplings:
+                    rows += _sweep(plan, name, sampling, stack.http_url, caching, progress)
         finally:
             stack.stop()
     return rows
 
 
-def _sweep(plan: L3Plan, name: str, url: str, caching: bool, progress: Progress) -> list[dict]:
+def _sweep(
+    plan: L3Plan, name: str, sampling: Sampling, url: str, caching: bool, progress: Progress
+) -> list[dict]:
     variant = iter(range(1, 1 << 30))
     warm = build_workload(name, plan.scale, plan.seed, variant=0)[:2]
-    asyncio.run(run_through_gateway(url, MODEL, warm))  # warm-up, excluded
+    asyncio.run(run_through_gateway(url, MODEL, warm, sampling=sampling))  # warm-up, excluded
     points: list[tuple[str, int | None, float | None]] = [
         (f"concurrency {c}", c, None) for c in plan.concurrency
     ] + [(f"poisson {r:g}/s", None, r) for r in plan.rates]
     rows = []
     for label, concurrency, rate in points:
-        progress.stage(f"L3 {name}: {label}" + ("" if caching else ", cache off"))
+        progress.stage(f"L3 {name} ({sampling.name}): {label}" + ("" if caching else ", cache off"))
         runs = []
         for _ in range(plan.repeats):
             items = build_workload(name, plan.scale, plan.seed, variant=next(variant))
             send_at = None if rate is None else poisson_arrivals(rate, len(items), plan.seed)
-            runs.append(
-                asyncio.run(run_through_gateway(url, MODEL, items, concurrency, send_at, plan.slo))
+            sent = run_through_gateway(
+                url, MODEL, items, concurrency, send_at, plan.slo, sampling, plan.seed
             )
+            runs.append(asyncio.run(sent))
             progress.advance()
         median = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
         rows.append(
             {
                 "workload": name,
+                "sampling": sampling.name,
                 "prefix_cache": caching,
                 "mode": "concurrency" if rate is None else "poisson",
                 "concurrency": concurrency,

@@ -36,6 +36,24 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+# A 1-minute load above half the cores means at least that much other work wanted the CPU
+# when the run began: on the 2-core box one busy core already halves what a 2-thread engine
+# gets, and 1-thread figures taken beside it swing by 2x and more (docs/benchmarks.md).
+BUSY_LOAD_PER_CPU = 0.5
+
+
+def busy_reason(load_1min: float, cpus: int, per_cpu: float = BUSY_LOAD_PER_CPU) -> str | None:
+    """Why the machine counts as busy (the 1-minute load average above `per_cpu` x cores), or
+    None when it is quiet enough to measure."""
+    limit = per_cpu * cpus
+    if load_1min <= limit:
+        return None
+    return (
+        f"the 1-minute load average was {load_1min:.2f} at the start, above {limit:g} "
+        f"({per_cpu:g} x {cpus} cores)"
+    )
+
+
 def ceilings() -> dict:
     """What this machine can do at best, measured now: copy bandwidth and fp32 matmul."""
     x = torch.empty(64 * 2**20 // 4, dtype=torch.float32).fill_(1.0)  # 64 MiB

@@ -19,6 +19,8 @@ def render_markdown(report: dict) -> str:
     """Markdown for a report: the run (command, machine, load, ceilings), then one section per
     level that ran. Missing levels are left out."""
     parts = [_header(report)]
+    if report.get("busy"):
+        parts.insert(0, _busy_warning(report["busy"], report.get("allow_busy", False)))
     sections = {"l0": _l0, "l1": _l1, "l2": _l2, "l3": _l3}
     for level, render in sections.items():
         if level in report:
@@ -60,11 +62,25 @@ def _header(report: dict) -> str:
         f"{_triple(load_after)}: other work shared the cores when these exceed 0-1.",
         f"- **Ceilings** measured at the start: copy {c['copy_GB_s']:.3g} GB/s, fp32 matmul "
         f"{c['matmul_GFLOP_s']:.3g} GFLOP/s.",
-        f"- **Model:** {report['model']}, {report['dtype']}; greedy, EOS ignored, each request "
+        f"- **Model:** {report['model']}, {report['dtype']}; EOS ignored, each request "
         "gets exactly its output length; warm-up runs are excluded; each figure is the median "
         f"of {report['repeats']} runs.",
+        f"- **Sampling** (every side, each workload once per mode): {_samplings(report)}.",
     ]
     return "\n".join(lines)
+
+
+def _samplings(report: dict) -> str:
+    modes = report.get("samplings") or {"greedy": "greedy"}
+    return "; ".join(f"`{name}`: {text}" for name, text in modes.items())
+
+
+def _busy_warning(reason: str, allowed: bool) -> str:
+    how = " (recorded with `--allow-busy`)" if allowed else ""
+    return (
+        f"> **Measured on a busy machine**{how}: {reason}. Other work shared the cores, so "
+        "these figures understate every side and their ratios are noisier."
+    )
 
 
 def _triple(values: list[float] | None) -> str:
@@ -111,17 +127,29 @@ def _l2(l2: dict, report: dict) -> str:
         f"Correctness gate: {gate['engine']} prompts give identical {gate['tokens']} greedy "
         f"tokens to transformers `generate()`"
         + (f"; hf-continuous {gate['hf-continuous']}" if "hf-continuous" in gate else "")
-        + ("." if gate["passed"] else ": FAILED, no L2 numbers."),
+        + ("." if gate["passed"] else ": FAILED, no L2 numbers.")
+        + (
+            f" llama-cpp agrees on {gate['llama-cpp']} (its quantised arithmetic differs from "
+            "the dequantised float32 both other sides run: reported, not gated)."
+            if "llama-cpp" in gate
+            else ""
+        ),
         "",
     ]
     lines += [f"- `{name}`: {text}" for name, text in l2["workloads"].items()]
     rows = [
-        [r["workload"], r["system"], r["wall_s"], _runs(r.get("runs_s")), r["output_tok_s"],
-         None if r.get("vs_hf_static") is None else f"{r['vs_hf_static']:.2f}x", r["note"]]
+        [r["workload"], r.get("sampling", "greedy"), r["system"], r["wall_s"],
+         _runs(r.get("runs_s")), r["output_tok_s"], _ratio(r.get("vs_hf_static")),
+         _ratio(r.get("vs_llama_cpp")), r["note"]]
         for r in l2["rows"]
     ]  # fmt: skip
-    head = ["workload", "system", "wall s", "runs s", "output tok/s", "vs hf-static", "note"]
+    head = ["workload", "sampling", "system", "wall s", "runs s", "output tok/s", "vs hf-static",
+            "vs llama-cpp", "note"]  # fmt: skip
     return "\n".join(lines) + "\n\n" + table(head, rows)
+
+
+def _ratio(value: float | None) -> str | None:
+    return None if value is None else f"{value:.2f}x"
 
 
 def _runs(runs: list[float] | None) -> str:
@@ -131,27 +159,33 @@ def _runs(runs: list[float] | None) -> str:
 def _l3(l3: dict, report: dict) -> str:
     slo = report["slo"]
     throughput = [
-        [r["workload"], "on" if r["prefix_cache"] else "off", _point(r), r["requests_s"],
-         r["output_tok_s"], r.get("l3_over_l2"), f"{100 * r['slo_attained']:.0f}%",
-         r["goodput_requests_s"]]
+        [r["workload"], r.get("sampling", "greedy"), "on" if r["prefix_cache"] else "off",
+         _point(r), r["requests_s"], r["output_tok_s"], r.get("l3_over_l2"),
+         f"{100 * r['slo_attained']:.0f}%", r["goodput_requests_s"]]
         for r in l3["rows"]
     ]  # fmt: skip
-    head = ["workload", "prefix cache", "load", "req/s", "output tok/s", "L3/L2",
+    head = ["workload", "sampling", "prefix cache", "load", "req/s", "output tok/s", "L3/L2",
             "SLO met", "goodput req/s"]  # fmt: skip
     latency = [
-        [r["workload"], "on" if r["prefix_cache"] else "off", _point(r)]
+        [
+            r["workload"],
+            r.get("sampling", "greedy"),
+            "on" if r["prefix_cache"] else "off",
+            _point(r),
+        ]
         + [_ms(r[key]) for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")]
         for r in l3["rows"]
     ]
-    lat_head = ["workload", "prefix cache", "load"] + [
+    lat_head = ["workload", "sampling", "prefix cache", "load"] + [
         f"{name} ms mean / p50 / p99" for name in ("TTFT", "TPOT", "ITL", "end-to-end")
     ]
     return (
         "### L3 through the gateway (streaming)\n\n"
         f"Goodput counts requests with TTFT <= {slo['ttft_ms']:g} ms and TPOT <= "
         f"{slo['tpot_ms']:g} ms. L3/L2 is output tok/s over the L2 engine's on the same "
-        "workload; L2 has every request in flight at once, so the ratio is like for like only "
-        "where the concurrency covers all requests (a lower one caps throughput by design). "
+        "workload and sampling; L2 has every request in flight at once, so the ratio is like "
+        "for like only where the concurrency covers all requests (a lower one caps throughput "
+        "by design). "
         "Redis off (one replica).\n\n" + table(head, throughput) + "\n\n" + table(lat_head, latency)
     )
 

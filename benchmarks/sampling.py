@@ -25,7 +25,9 @@ class Sampling:
         """One SamplingOptions per request; greedy requests carry no seed."""
         if self.greedy:
             return [SamplingOptions() for _ in seeds]
-        return [SamplingOptions(temperature=self.temperature, top_p=self.top_p, seed=s) for s in seeds]
+        return [
+            SamplingOptions(temperature=self.temperature, top_p=self.top_p, seed=s) for s in seeds
+        ]
 
     def describe(self) -> str:
         if self.greedy:

@@ -41,9 +41,10 @@ def uniform_workload(
 
 
 def build_workload(name: str, scale: Scale, seed: int, variant: int = 0) -> list[Item]:
-    """`scale.requests` items of the named workload (`scale.long_streams` for long-context). Same (name, scale, seed): same lengths;
-    same variant too: same token ids. Every shared-prefix item starts with one common
-    `scale.prefix_len`-token prefix (one per variant)."""
+    """`scale.requests` items of the named workload (`scale.long_streams` for long-context).
+    Same (name, scale, seed): same lengths; same variant too: same token ids. Every
+    shared-prefix item starts with one common `scale.prefix_len`-token prefix (one per
+    variant)."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}: choose from {', '.join(WORKLOADS)}")
     shapes = _shapes(name, scale, random.Random(f"{name}/{scale.name}/{seed}"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cli import parse_config
+from benchmarks.cli import docs_refusal, parse_config
 from benchmarks.docs_section import BEGIN, END, replace_section, update_docs
 from benchmarks.report import render_markdown, write_json, write_markdown
 
@@ -19,8 +19,9 @@ def stats(mean: float, p50: float, p99: float) -> dict:
 
 def l3_row(mode: str, concurrency: int | None, rate: float | None, tok_s: float) -> dict:
     return {
-        "workload": "mixed", "prefix_cache": True, "mode": mode, "concurrency": concurrency,
-        "rate": rate, "requests_s": 0.5, "output_tok_s": tok_s, "l3_over_l2": 0.9,
+        "workload": "mixed", "sampling": "sampled", "prefix_cache": True, "mode": mode,
+        "concurrency": concurrency, "rate": rate, "requests_s": 0.5, "output_tok_s": tok_s,
+        "l3_over_l2": 0.9,
         "slo_attained": 0.75, "goodput_requests_s": 0.375, "ttft_ms": stats(120, 110, 300),
         "tpot_ms": stats(40, 38, 90), "itl_ms": stats(41, 37, 95), "e2e_ms": stats(900, 850, 2000),
     }  # fmt: skip
@@ -30,6 +31,8 @@ def report() -> dict:
     return {
         "command": "layerserve bench --level l1,l2,l3", "scale": "small", "seed": 0,
         "model": "smollm2-135m-instruct", "dtype": "float32", "repeats": 3,
+        "samplings": {"sampled": "temperature 0.7, top_p 0.95, a seed per request"},
+        "busy": None,
         "started_at": "2026-11-30 09:00 UTC", "finished_at": "2026-11-30 09:05 UTC",
         "slo": {"ttft_ms": 3000.0, "tpot_ms": 300.0},
         "machine": {
@@ -44,15 +47,22 @@ def report() -> dict:
             "batch": 8, "context": 128, "prefill_ms": 812.0, "decode_step_ms": 61.0,
             "decode_tok_s": 131.1, "step_GB": 0.62, "mbu": 0.18, "busy_share": None}]},
         "l2": {
-            "gate": {"prompts": 4, "tokens": 16, "engine": "4/4", "passed": True},
+            "gate": {"prompts": 4, "tokens": 16, "engine": "4/4", "passed": True,
+                     "llama-cpp": "3/4"},
             "workloads": {"mixed": "12 requests, 1700 prompt tokens, 330 output tokens"},
             "rows": [
-                {"workload": "mixed", "system": "layerserve", "wall_s": 6.0, "runs_s": [6.0, 6.2],
-                 "output_tok_s": 55.0, "vs_hf_static": 1.83, "note": ""},
-                {"workload": "mixed", "system": "hf-static", "wall_s": 11.0, "runs_s": [11.0],
-                 "output_tok_s": 30.0, "vs_hf_static": 1.0, "note": ""},
-                {"workload": "mixed", "system": "hf-continuous", "wall_s": None,
-                 "output_tok_s": None, "note": "not in this transformers version: not run"},
+                {"workload": "mixed", "sampling": "sampled", "system": "layerserve",
+                 "wall_s": 6.0, "runs_s": [6.0, 6.2], "output_tok_s": 55.0, "vs_hf_static": 1.83,
+                 "vs_llama_cpp": 0.5, "note": ""},
+                {"workload": "mixed", "sampling": "sampled", "system": "hf-static",
+                 "wall_s": 11.0, "runs_s": [11.0], "output_tok_s": 30.0, "vs_hf_static": 1.0,
+                 "vs_llama_cpp": 0.27, "note": "one seed per batch"},
+                {"workload": "mixed", "sampling": "sampled", "system": "llama-cpp",
+                 "wall_s": 3.0, "runs_s": [3.0], "output_tok_s": 110.0, "vs_hf_static": 3.67,
+                 "vs_llama_cpp": 1.0, "note": "llama 135M Q4_1"},
+                {"workload": "mixed", "sampling": "sampled", "system": "hf-continuous",
+                 "wall_s": None, "output_tok_s": None,
+                 "note": "not in this transformers version: not run"},
             ],
         },
         "l3": {"rows": [l3_row("concurrency", 1, None, 20.0), l3_row("poisson", None, 2.0, 40.0)]},
@@ -68,13 +78,26 @@ def test_markdown_has_the_machine_the_levels_and_the_numbers(tmp_path: Path) -> 
     assert "1.50 / 1.20 / 0.90" in text and "2.00 / 1.40 / 1.00" in text  # load averages
     assert "| 8 | 128 | 812 | 61 | 131 | 0.62 | 18% | n/a |" in text
     assert "4/4 prompts give identical 16 greedy tokens" in text
-    assert "| mixed | layerserve | 6 | 6.0, 6.2 | 55 | 1.83x |  |" in text
-    assert "| mixed | hf-continuous | n/a | n/a | n/a | n/a | not in this transformers" in text
-    assert "| mixed | on | concurrency 1 | 0.5 | 20 | 0.9 | 75% | 0.375 |" in text
-    assert "| mixed | on | Poisson 2 req/s |" in text
+    assert "llama-cpp agrees on 3/4" in text and "not gated" in text
+    assert "`sampled`: temperature 0.7, top_p 0.95, a seed per request" in text
+    assert "| mixed | sampled | layerserve | 6 | 6.0, 6.2 | 55 | 1.83x | 0.50x |  |" in text
+    assert (
+        "| mixed | sampled | llama-cpp | 3 | 3.0 | 110 | 3.67x | 1.00x | llama 135M Q4_1 |" in text
+    )
+    assert "| mixed | sampled | hf-continuous | n/a | n/a | n/a | n/a | n/a | not in this" in text
+    assert "| mixed | sampled | on | concurrency 1 | 0.5 | 20 | 0.9 | 75% | 0.375 |" in text
+    assert "| mixed | sampled | on | Poisson 2 req/s |" in text
+    assert "busy machine" not in text
     assert "120 / 110 / 300" in text and "900 / 850 / 2,000" in text
     assert "TTFT <= 3000 ms and TPOT <= 300 ms" in text
     assert "L0" not in text  # not run, not shown
+
+
+def test_a_busy_run_is_marked_at_the_top() -> None:
+    r = report() | {"busy": "the 1-minute load average was 3.00 at the start, above 1"}
+    assert render_markdown(r).startswith("> **Measured on a busy machine**: the 1-minute load")
+    text = render_markdown(r | {"allow_busy": True})
+    assert text.startswith("> **Measured on a busy machine** (recorded with `--allow-busy`): ")
 
 
 def test_a_failed_gate_is_stated() -> None:
@@ -135,7 +158,11 @@ def test_options_default_to_the_scale_and_parse_lists(tmp_path: Path) -> None:
     config = parse_config(["--scale", "tiny", "--out", str(tmp_path)])
     assert config.levels == ("l1", "l2", "l3") and config.workloads == ("mixed",)
     assert config.concurrency == (1, 4) and config.rates == (2.0,) and config.repeats == 1
-    assert config.docs is None
+    assert config.docs is None and not config.allow_busy
+    assert [s.name for s in config.samplings] == ["sampled", "greedy"]
+    assert config.baselines == ("hf-static", "hf-continuous", "llama-cpp")
+    sampled = config.samplings[0]
+    assert (sampled.temperature, sampled.top_p) == (0.7, 0.95)
     config = parse_config(
         ["--level", "l0,l3", "--workload", "fixed,shared-prefix", "--concurrency", "1,8,32",
          "--rates", "0.5,2", "--baselines", "none", "--update-docs", "--slo-ttft-ms", "500"]
@@ -144,6 +171,9 @@ def test_options_default_to_the_scale_and_parse_lists(tmp_path: Path) -> None:
     assert config.concurrency == (1, 8, 32) and config.rates == (0.5, 2.0)
     assert config.baselines == () and config.docs == Path("docs/benchmarks.md")
     assert config.slo.ttft_s == pytest.approx(0.5)
+    config = parse_config(["--sampling", "greedy", "--workload", "long-context", "--allow-busy"])
+    assert [s.name for s in config.samplings] == ["greedy"] and config.allow_busy
+    assert config.workloads == ("long-context",)
 
 
 @pytest.mark.parametrize(
@@ -156,8 +186,31 @@ def test_options_default_to_the_scale_and_parse_lists(tmp_path: Path) -> None:
         (["--rates", "fast"], "not a list of numbers"),
         (["--repeats", "0"], "positive"),
         (["--scale", "huge"], "unknown scale"),
+        (["--sampling", "beam"], "--sampling: beam not in"),
     ],
 )
 def test_bad_options_are_refused_with_the_flag_named(argv: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_config(argv)
+
+
+def test_update_docs_is_refused_on_a_busy_machine_unless_allowed() -> None:
+    docs = parse_config(["--update-docs"])
+    assert docs_refusal(docs, load_1min=0.9, cpus=2) is None  # 0.9 <= 0.5 x 2
+    refusal = docs_refusal(docs, load_1min=3.41, cpus=2)
+    assert refusal and "3.41" in refusal and "above 1 (0.5 x 2 cores)" in refusal
+    assert "--allow-busy" in refusal
+    assert docs_refusal(parse_config(["--update-docs", "--allow-busy"]), 3.41, 2) is None
+    assert docs_refusal(parse_config([]), 3.41, 2) is None  # no docs, nothing to protect
+
+
+def test_main_exits_before_measuring_when_the_docs_would_get_a_busy_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    import benchmarks.cli as cli
+
+    monkeypatch.setattr(cli, "load_average", lambda: [64.0, 10.0, 5.0])
+    monkeypatch.setattr(cli, "run", lambda *a: pytest.fail("measured on a busy machine"))
+    assert cli.main(["--update-docs", "--docs", str(tmp_path / "b.md")]) == 3
+    assert "refusing --update-docs: the 1-minute load average was 64.00" in capsys.readouterr().err
+    assert not (tmp_path / "b.md").exists()

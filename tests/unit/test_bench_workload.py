@@ -7,7 +7,9 @@ import statistics
 import pytest
 
 from benchmarks.arrivals import poisson_arrivals
+from benchmarks.sampling import GREEDY, SAMPLED, request_seeds
 from benchmarks.scales import SCALES, scale_named
+from benchmarks.service import request_body
 from benchmarks.workload import VOCAB, WORKLOADS, build_workload
 
 SMALL = SCALES["small"]
@@ -18,7 +20,7 @@ def test_same_seed_same_workload_other_seed_other_prompts(name: str) -> None:
     first = build_workload(name, SMALL, seed=3)
     assert build_workload(name, SMALL, seed=3) == first
     assert build_workload(name, SMALL, seed=4) != first
-    assert len(first) == SMALL.requests
+    assert len(first) == (SMALL.long_streams if name == "long-context" else SMALL.requests)
     assert all(VOCAB[0] <= t <= VOCAB[1] for item in first for t in item.prompt_ids)
 
 
@@ -84,3 +86,40 @@ def test_poisson_arrivals_have_the_asked_mean_rate() -> None:
 def test_poisson_arrivals_refuse_a_rate_of_zero() -> None:
     with pytest.raises(ValueError, match="positive"):
         poisson_arrivals(0.0, 10, seed=0)
+
+
+@pytest.mark.parametrize("scale", ["tiny", "small", "full"])
+def test_long_context_is_the_scales_streams_of_long_prompts(scale: str) -> None:
+    s = SCALES[scale]
+    items = build_workload("long-context", s, seed=0)
+    assert len(items) == s.long_streams <= s.max_num_seqs  # every stream in flight at once
+    assert all(s.long_in[0] <= len(i.prompt_ids) <= s.long_in[1] for i in items)
+    assert {i.output_len for i in items} == {s.long_out}
+
+
+def test_long_context_at_full_scale_is_64_streams_of_1_to_2k_tokens() -> None:
+    items = build_workload("long-context", SCALES["full"], seed=0)
+    lengths = [len(i.prompt_ids) for i in items]
+    assert len(items) == 64 and min(lengths) >= 1024 and max(lengths) <= 2048
+    assert len(set(lengths)) > 32  # spread over the range, not one length
+
+
+def test_each_request_gets_its_own_seed_the_same_on_every_side() -> None:
+    seeds = request_seeds(0, 64)
+    assert request_seeds(0, 64) == seeds and request_seeds(1, 64) != seeds
+    assert len(set(seeds)) == 64 and all(0 <= s < 2**31 for s in seeds)  # llama.cpp: uint32
+    options = SAMPLED.options(seeds[:3])
+    assert [(o.temperature, o.top_p, o.seed) for o in options] == [
+        (0.7, 0.95, s) for s in seeds[:3]
+    ]
+    assert all(o.temperature == 0 and o.seed is None for o in GREEDY.options(seeds[:3]))
+
+
+def test_gateway_requests_carry_the_sampling_and_a_seed() -> None:
+    item = build_workload("mixed", SCALES["tiny"], seed=0)[0]
+    sampled = request_body("m", item, SAMPLED, seed=7)
+    assert (sampled["temperature"], sampled["top_p"], sampled["seed"]) == (0.7, 0.95, 7)
+    assert sampled["prompt"] == item.prompt_ids and sampled["max_tokens"] == item.output_len
+    assert sampled["ignore_eos"] and sampled["stream"]
+    greedy = request_body("m", item, GREEDY, seed=7)
+    assert greedy["temperature"] == 0 and "seed" not in greedy
