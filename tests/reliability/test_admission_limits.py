@@ -28,17 +28,22 @@ from tests.reliability.load import _read_stream as read_stream
 from tests.reliability.load import _refused as refused_outcome
 from tests.reliability.record import write_record
 
-LONG = 1500  # tokens: the admitted streams outlast the burst sent against them
+LONG = 4000  # tokens: seconds of null-worker output, outlasting the burst sent against them
 SHORT = 8
 FAST_S = 1.0  # a refusal is answered within this, however loaded the gateway is
 OTHER_KEY = "reliability-test-other-key"
 
 
-async def stream(client, url: str, body: dict, key: str) -> tuple[Outcome, str]:
-    """One streaming completion; its outcome and the Retry-After it was refused with."""
+async def stream(
+    client, url: str, body: dict, key: str, admitted: asyncio.Event | None = None
+) -> tuple[Outcome, str]:
+    """One streaming completion; its outcome and the Retry-After it was refused with.
+    `admitted` is set once the gateway has answered 200."""
     started = time.monotonic()
     headers = {"Authorization": f"Bearer {key}"}
     async with client.stream("POST", url, json=body, headers=headers) as response:
+        if admitted is not None and response.status_code == 200:
+            admitted.set()
         if response.status_code != 200:
             outcome = refused_outcome(response.status_code, await response.aread(), started)
             return outcome, response.headers.get("Retry-After", "")
@@ -50,10 +55,13 @@ async def burst(stack: Stack, admitted: list[tuple[str, int]], excess: list[tupl
     `excess` all at once; returns both lists' (outcome, Retry-After)."""
     url = f"{stack.http_url}/v1/completions"
     async with new_client(120) as client:
+        events = [asyncio.Event() for _ in admitted]
         first = [
-            asyncio.create_task(stream(client, url, completion_body(n), key)) for key, n in admitted
+            asyncio.create_task(stream(client, url, completion_body(n), key, event))
+            for (key, n), event in zip(admitted, events, strict=True)
         ]
-        await asyncio.sleep(1.0)  # every admitted stream is in flight (none can finish yet)
+        # Every admitted stream in flight (answered 200; none can finish for seconds).
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 60)
         second = await asyncio.gather(
             *(stream(client, url, completion_body(n), key) for key, n in excess)
         )
@@ -77,6 +85,7 @@ def test_the_gateway_at_its_in_flight_bound_refuses_the_excess_fast(
         {
             "load": f"{bound} streams of {LONG} tokens admitted (--max-inflight {bound}), then "
             f"{len(excess)} more requests at once",
+            "faults": [f"the gateway full: {bound} requests in flight, its bound"],
             "outcomes": LoadResult([o for o, _ in admitted + excess]).counts(),
             "errors": LoadResult([o for o, _ in excess]).errors(),
             "notes": [
@@ -115,6 +124,7 @@ def test_a_key_at_its_concurrency_limit_gets_429_fast_and_others_are_served(
         {
             "load": f"key A: {limit} streams of {LONG} tokens admitted (max_concurrent "
             f"{limit}), then {len(greedy)} more from A and {limit} from key B at once",
+            "faults": [f"key A at its concurrency limit ({limit} in flight)"],
             "outcomes": LoadResult([o for o, _ in first + second]).counts(),
             "errors": LoadResult([o for o, _ in greedy]).errors(),
             "notes": [

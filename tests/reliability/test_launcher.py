@@ -98,7 +98,10 @@ def test_internal_ports_refuse_calls_without_the_launchers_token(launcher: Launc
         "internal ports without the internal token",
         {
             "load": "one call without the token and one with a wrong one to each internal "
-            "port of a stack started by `python -m services.launcher`",
+            "port of a stack started by `python -m services.launcher`; then one request "
+            "through the gateway",
+            "faults": ["internal rpcs from outside the stack (tokenizer, scheduler, worker)"],
+            "outcomes": {COMPLETED: 1, ERRORED: len(refused), LOST: 0},
             "notes": [
                 f"{len(refused)} of {len(refused)} calls refused with UNAUTHENTICATED "
                 "(tokenizer, scheduler, worker); health checks answered SERVING",
