@@ -25,6 +25,8 @@ class ReceivedSpan:
     attributes: dict[str, object]
     links: tuple[tuple[str, str], ...]  # (trace id, span id)
     events: tuple[str, ...] = field(default=())
+    start_ns: int = 0  # Unix epoch nanoseconds, each process's own clock
+    end_ns: int = 0
 
 
 class Collector(trace_service_pb2_grpc.TraceServiceServicer):
@@ -82,6 +84,8 @@ def _span(service: str, span) -> ReceivedSpan:
         attributes=_attributes(span.attributes),
         links=tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links),
         events=tuple(event.name for event in span.events),
+        start_ns=span.start_time_unix_nano,
+        end_ns=span.end_time_unix_nano,
     )
 
 
