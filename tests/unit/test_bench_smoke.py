@@ -1,5 +1,7 @@
 """`layerserve bench` end to end on the real model, as small as it goes: L2 on four requests
-of a few tokens, the correctness gate against transformers first, results.json after."""
+of a few tokens, sampled and greedy, the correctness gate against transformers first,
+results.json after. llama.cpp runs where the `llama-cpp` extra is installed and says it is not
+installed where it is not."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ import pytest
 
 pytest.importorskip("transformers", reason="the L2 baseline comes with the bench extra")
 
+SYSTEMS = ("layerserve", "hf-static", "llama-cpp")
+
 
 def test_bench_l2_tiny_writes_the_results(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "services.launcher", "bench", "--level", "l2",
-               "--scale", "tiny", "--baselines", "hf-static", "--threads", "1",
+               "--scale", "tiny", "--baselines", "hf-static,llama-cpp", "--threads", "1",
                "--out", str(tmp_path)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -24,14 +28,20 @@ def test_bench_l2_tiny_writes_the_results(tmp_path: Path) -> None:
     assert report["machine"]["torch_threads"] == 1 and report["machine"]["load_average"]
     assert report["ceilings"]["copy_GB_s"] > 0
     gate = report["l2"]["gate"]
-    assert gate == {"prompts": 2, "tokens": 4, "engine": "2/2", "passed": True}
-    rows = {row["system"]: row for row in report["l2"]["rows"]}
-    assert set(rows) == {"layerserve", "hf-static"}
-    for row in rows.values():
-        assert row["workload"] == "mixed" and row["output_tokens"] > 0
+    assert {k: v for k, v in gate.items() if k != "llama-cpp"} == {
+        "prompts": 2, "tokens": 4, "engine": "2/2", "passed": True
+    }  # fmt: skip
+    rows = {(row["sampling"], row["system"]): row for row in report["l2"]["rows"]}
+    assert set(rows) == {(s, b) for s in ("sampled", "greedy") for b in SYSTEMS}
+    for (_, system), row in rows.items():
+        assert row["workload"] == "mixed"
+        if system == "llama-cpp" and row["wall_s"] is None:
+            assert row["note"] == "not installed: pip install -e '.[llama-cpp]'"
+            continue
+        assert row["output_tokens"] > 0
         assert row["output_tok_s"] == pytest.approx(row["output_tokens"] / row["wall_s"])
-    assert rows["hf-static"]["vs_hf_static"] == 1.0
+    assert rows["sampled", "hf-static"]["vs_hf_static"] == 1.0
     assert "l3" not in report and "l1" not in report
     text = (tmp_path / "results.md").read_text()
-    assert "| mixed | layerserve |" in text
+    assert "| mixed | sampled | layerserve |" in text and "| mixed | greedy | layerserve |" in text
     assert "%|" in done.stderr  # the progress bar
