@@ -9,13 +9,11 @@ tokenizer/tokenize_metrics.py, worker/serving/step_metrics.py).
 
 from __future__ import annotations
 
-import argparse
 import logging
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.common.env import env_int
 from services.common.metrics_page import start_server
 from services.common.tls import TlsSettings
 
@@ -51,16 +49,6 @@ def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
 
 def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
     return Gauge(PREFIX + name, doc, labels)
-
-
-def add_metrics_port_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=env_int("METRICS_PORT", 0),
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (env LAYERSERVE_METRICS_PORT; "
-        "0: no metrics server)",
-    )
 
 
 def check_metrics_port(port: int) -> None:

@@ -8,7 +8,6 @@ is left at the deadline.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import signal
@@ -18,7 +17,6 @@ from collections.abc import Awaitable, Callable, Iterable
 import grpc
 
 from services.common.drain_gate import DrainGate
-from services.common.env import env_float
 from services.common.health import Health
 from services.common.internal_auth import InternalAuthError
 
@@ -29,15 +27,6 @@ _POLL_SECONDS = 0.05
 # RPCs still open once the work is done (a scheduler's idle step stream, a finished stream's
 # status on its way out) get this long before the server cuts them.
 _STOP_GRACE_SECONDS = 1.0
-
-
-def add_drain_timeout_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--drain-timeout-s",
-        type=float,
-        default=env_float("DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S),
-        help="on SIGTERM, seconds that requests in flight get to finish before exiting",
-    )
 
 
 def check_drain_timeout(seconds: float) -> None:

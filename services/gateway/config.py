@@ -2,142 +2,171 @@
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import sys
 from dataclasses import dataclass
 
-from services.common.env import env_float, env_int, env_list, env_str
-from services.common.serve import DEFAULT_DRAIN_TIMEOUT_S, add_drain_timeout_flag
+from services.common.service_settings import drain_timeout_setting
+from services.common.settings import check_settings, read_settings, setting
 from services.gateway.api_keys import KeyLimits, KeyRing, load_key_ring
 from services.gateway.request_limits import RequestLimits
+
+PROG = "python -m services.gateway"
+_LIMITS = RequestLimits()  # the defaults of the request limits below
+_UNLIMITED_DEFAULT = "for keys that set no such limit; 0 = unlimited"
+
+
+def _redis_failure_mode(mode: str) -> str | None:
+    return None if mode in ("open", "closed") else "must be 'open' or 'closed'"
+
+
+def _truthy(raw: str) -> bool:
+    return raw.lower() in ("1", "true", "yes")
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
-    host: str
-    http_port: int
-    grpc_port: int
-    tokenizer: str
-    keys: KeyRing
-    redis_url: str  # "" = rate limits and usage kept in this process only
-    rate_limit_fail_open: bool
-    max_inflight: int  # requests in flight across all keys; 0 = unbounded
-    limits: RequestLimits
-    log_prompts: bool  # prompts and completions in the log: only when the operator asks
-    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # on SIGTERM, for requests in flight
-
-    @classmethod
-    def from_args(cls, argv: list[str] | None = None) -> GatewayConfig:
-        p = argparse.ArgumentParser(prog="python -m services.gateway")
-        p.add_argument("--host", default=env_str("GATEWAY_HOST", "127.0.0.1"))
-        p.add_argument("--http-port", type=int, default=env_int("HTTP_PORT", 8000))
-        p.add_argument("--grpc-port", type=int, default=env_int("GRPC_PORT", 50051))
-        p.add_argument("--tokenizer", default=env_str("TOKENIZER_ADDRESS", "127.0.0.1:50059"))
-        _key_flags(p)
-        _limit_flags(p)
-        add_drain_timeout_flag(p)
-        a = p.parse_args(argv)
-        defaults = KeyLimits(
-            a.default_requests_per_minute, a.default_tokens_per_minute, a.default_max_concurrent
-        )
-        try:
-            keys = load_key_ring(env_list("API_KEYS"), a.api_keys_file, defaults)
-            limits = RequestLimits(
-                max_body_bytes=a.max_body_bytes,
-                max_prompt_tokens=a.max_prompt_tokens,
-                max_tokens=a.max_tokens,
-                max_n=a.max_n,
-                max_stop_sequences=a.max_stop_sequences,
-                max_request_tokens=a.max_request_tokens,
-                default_max_tokens=a.default_max_tokens,
-                max_stop_length=a.max_stop_length,
-                max_stop_token_ids=a.max_stop_token_ids,
-                max_bytes_per_token=a.max_bytes_per_token,
-                stalled_client_seconds=a.stalled_client_seconds,
-            )
-        except ValueError as err:
-            p.error(str(err))
-        if not a.drain_timeout_s >= 0:
-            p.error("--drain-timeout-s must be >= 0")
-        if a.rate_limit_on_redis_failure not in ("open", "closed"):
-            p.error("--rate-limit-on-redis-failure must be 'open' or 'closed'")
-        return cls(
-            host=a.host,
-            http_port=a.http_port,
-            grpc_port=a.grpc_port,
-            tokenizer=a.tokenizer,
-            keys=keys,
-            redis_url=a.redis_url,
-            rate_limit_fail_open=a.rate_limit_on_redis_failure == "open",
-            max_inflight=a.max_inflight,
-            limits=limits,
-            log_prompts=env_str("LOG_PROMPTS", "0").lower() in ("1", "true", "yes"),
-            drain_timeout_s=a.drain_timeout_s,
-        )
-
-
-def _key_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    host: str = setting("--host", env="GATEWAY_HOST", default="127.0.0.1")
+    http_port: int = setting("--http-port", env="HTTP_PORT", default=8000)
+    grpc_port: int = setting("--grpc-port", env="GRPC_PORT", default=50051)
+    tokenizer: str = setting("--tokenizer", env="TOKENIZER_ADDRESS", default="127.0.0.1:50059")
+    # From the environment only: a flag would show the keys in `ps`.
+    api_keys: tuple[str, ...] = setting(env="API_KEYS", default=(), repr=False)
+    api_keys_file: str | None = setting(
         "--api-keys-file",
-        default=env_str("API_KEYS_FILE", "") or None,
+        env="API_KEYS_FILE",
         help="a TOML file of hashed keys with per-key limits (see services/gateway/api_keys.py); "
         "adds to LAYERSERVE_API_KEYS",
     )
-    p.add_argument(
+    redis_url: str = setting(  # "" = rate limits and usage kept in this process only
         "--redis-url",
-        default=env_str("REDIS_URL", ""),
+        env="REDIS_URL",
+        default="",
+        repr=False,  # may hold a password
         help="Redis for rate limits and usage shared by every gateway replica",
     )
-    p.add_argument(
+    rate_limit_on_redis_failure: str = setting(
         "--rate-limit-on-redis-failure",
-        default=env_str("RATE_LIMIT_ON_REDIS_FAILURE", "open"),
+        env="RATE_LIMIT_ON_REDIS_FAILURE",
+        default="open",
+        check=_redis_failure_mode,
         help="'open': admit requests unlimited while Redis is unreachable; 'closed': refuse "
         "them (503)",
     )
-    for name in ("requests-per-minute", "tokens-per-minute", "max-concurrent"):
-        env = "DEFAULT_" + name.upper().replace("-", "_")
-        p.add_argument(
-            f"--default-{name}",
-            type=int,
-            default=env_int(env, 0),
-            help="for keys that set no such limit; 0 = unlimited",
-        )
-
-
-def _limit_flags(p: argparse.ArgumentParser) -> None:
-    d = RequestLimits()
-    p.add_argument("--max-inflight", type=int, default=env_int("MAX_INFLIGHT", 1024))
-    p.add_argument(
-        "--max-body-bytes", type=int, default=env_int("MAX_BODY_BYTES", d.max_body_bytes)
+    default_requests_per_minute: int = setting(
+        "--default-requests-per-minute",
+        env="DEFAULT_REQUESTS_PER_MINUTE",
+        default=0,
+        help=_UNLIMITED_DEFAULT,
     )
-    p.add_argument("--max-prompt-tokens", type=int, default=env_int("MAX_PROMPT_TOKENS", 0))
-    p.add_argument("--max-tokens", type=int, default=env_int("MAX_TOKENS", 0))
-    p.add_argument("--max-n", type=int, default=env_int("MAX_N", d.max_n))
-    for name, text in (
-        ("max-stop-sequences", "stop strings per request"),
-        ("max-stop-length", "characters of one stop string"),
-        ("max-stop-token-ids", "stop_token_ids per request"),
-        (
-            "max-request-tokens",
-            "n x max_tokens of one request; also what it reserves against "
-            "its key's tokens_per_minute",
-        ),
-        (
-            "default-max-tokens",
-            "max_tokens of a chat or gRPC request that sets none (fewer "
-            "when the prompt leaves less room)",
-        ),
-        (
-            "max-bytes-per-token",
-            "UTF-8 bytes of the longest token: a prompt of more than "
-            "max_prompt_tokens (else the context length) times this is refused untokenized",
-        ),
-    ):
-        attr = name.replace("-", "_")
-        env = attr.upper()
-        p.add_argument(f"--{name}", type=int, default=env_int(env, getattr(d, attr)), help=text)
-    p.add_argument(
+    default_tokens_per_minute: int = setting(
+        "--default-tokens-per-minute",
+        env="DEFAULT_TOKENS_PER_MINUTE",
+        default=0,
+        help=_UNLIMITED_DEFAULT,
+    )
+    default_max_concurrent: int = setting(
+        "--default-max-concurrent", env="DEFAULT_MAX_CONCURRENT", default=0, help=_UNLIMITED_DEFAULT
+    )
+    max_inflight: int = setting(  # requests in flight across all keys; 0 = unbounded
+        "--max-inflight", env="MAX_INFLIGHT", default=1024
+    )
+    # The request limits: RequestLimits checks them (and names the field in its message).
+    max_body_bytes: int = setting(
+        "--max-body-bytes", env="MAX_BODY_BYTES", default=_LIMITS.max_body_bytes
+    )
+    max_prompt_tokens: int = setting("--max-prompt-tokens", env="MAX_PROMPT_TOKENS", default=0)
+    max_tokens: int = setting("--max-tokens", env="MAX_TOKENS", default=0)
+    max_n: int = setting("--max-n", env="MAX_N", default=_LIMITS.max_n)
+    max_stop_sequences: int = setting(
+        "--max-stop-sequences",
+        env="MAX_STOP_SEQUENCES",
+        default=_LIMITS.max_stop_sequences,
+        help="stop strings per request",
+    )
+    max_stop_length: int = setting(
+        "--max-stop-length",
+        env="MAX_STOP_LENGTH",
+        default=_LIMITS.max_stop_length,
+        help="characters of one stop string",
+    )
+    max_stop_token_ids: int = setting(
+        "--max-stop-token-ids",
+        env="MAX_STOP_TOKEN_IDS",
+        default=_LIMITS.max_stop_token_ids,
+        help="stop_token_ids per request",
+    )
+    max_request_tokens: int = setting(
+        "--max-request-tokens",
+        env="MAX_REQUEST_TOKENS",
+        default=_LIMITS.max_request_tokens,
+        help="n x max_tokens of one request; also what it reserves against its key's "
+        "tokens_per_minute",
+    )
+    default_max_tokens: int = setting(
+        "--default-max-tokens",
+        env="DEFAULT_MAX_TOKENS",
+        default=_LIMITS.default_max_tokens,
+        help="max_tokens of a chat or gRPC request that sets none (fewer when the prompt "
+        "leaves less room)",
+    )
+    max_bytes_per_token: int = setting(
+        "--max-bytes-per-token",
+        env="MAX_BYTES_PER_TOKEN",
+        default=_LIMITS.max_bytes_per_token,
+        help="UTF-8 bytes of the longest token: a prompt of more than max_prompt_tokens (else "
+        "the context length) times this is refused untokenized",
+    )
+    stalled_client_seconds: float = setting(
         "--stalled-client-seconds",
-        type=float,
-        default=env_float("STALLED_CLIENT_SECONDS", d.stalled_client_seconds),
+        env="STALLED_CLIENT_SECONDS",
+        default=_LIMITS.stalled_client_seconds,
         help="a stream whose client takes nothing for this long is cut off and aborted",
     )
+    drain_timeout_s: float = drain_timeout_setting()
+    # Prompts and completions in the log: only when the operator asks. From the environment
+    # only, read as before: 1, true or yes (any case) turn it on.
+    log_prompts: bool = setting(env="LOG_PROMPTS", default=False, parse=_truthy)
+    # Built from the settings above by __post_init__.
+    keys: KeyRing = dataclasses.field(init=False, repr=False, compare=False)
+    limits: RequestLimits = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        defaults = KeyLimits(
+            self.default_requests_per_minute,
+            self.default_tokens_per_minute,
+            self.default_max_concurrent,
+        )
+        keys = load_key_ring(list(self.api_keys), self.api_keys_file, defaults)
+        object.__setattr__(self, "keys", keys)
+        object.__setattr__(self, "limits", self._request_limits())
+        check_settings(self)
+
+    def _request_limits(self) -> RequestLimits:
+        return RequestLimits(
+            max_body_bytes=self.max_body_bytes,
+            max_prompt_tokens=self.max_prompt_tokens,
+            max_tokens=self.max_tokens,
+            max_n=self.max_n,
+            max_stop_sequences=self.max_stop_sequences,
+            max_request_tokens=self.max_request_tokens,
+            default_max_tokens=self.default_max_tokens,
+            max_stop_length=self.max_stop_length,
+            max_stop_token_ids=self.max_stop_token_ids,
+            max_bytes_per_token=self.max_bytes_per_token,
+            stalled_client_seconds=self.stalled_client_seconds,
+        )
+
+    @property
+    def rate_limit_fail_open(self) -> bool:
+        return self.rate_limit_on_redis_failure == "open"
+
+    @classmethod
+    def from_args(cls, argv: list[str] | None = None) -> GatewayConfig:
+        """The config from `argv` (default: sys.argv[1:]) and the environment. A value that is
+        refused exits as argparse does for a bad flag: the message on stderr, status 2."""
+        try:
+            return cls(**read_settings(cls, argv, prog=PROG))
+        except ValueError as err:
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
