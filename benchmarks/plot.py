@@ -1,6 +1,6 @@
-"""latency_throughput.png: L3 latency against throughput, one line per workload (the
-concurrency sweep, each point labelled), Poisson rates as separate markers, and the L2
-offline throughputs of the same run as vertical lines for reference."""
+"""latency_throughput.png: L3 latency against throughput, one line per workload and sampling
+mode (the concurrency sweep, each point labelled), Poisson rates as separate markers, and the
+L2 offline throughputs of the same run as vertical lines for reference."""
 
 from __future__ import annotations
 
@@ -43,11 +43,12 @@ def plot_latency_throughput(report: dict, path: Path) -> bool:
 
 
 def _series(ax, rows: list[dict], key: str) -> None:
-    groups: dict[tuple[str, bool], list[dict]] = {}
+    groups: dict[tuple[str, str, bool], list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["workload"], row["prefix_cache"]), []).append(row)
-    for (workload, caching), group in groups.items():
-        name = workload + ("" if caching else " (cache off)")
+        key_ = (row["workload"], row.get("sampling", "greedy"), row["prefix_cache"])
+        groups.setdefault(key_, []).append(row)
+    for (workload, sampling, caching), group in groups.items():
+        name = f"{workload}, {sampling}" + ("" if caching else " (cache off)")
         sweep = sorted(
             (r for r in group if r["mode"] == "concurrency"), key=lambda r: r["concurrency"]
         )
@@ -66,7 +67,7 @@ def _series(ax, rows: list[dict], key: str) -> None:
                         fontsize=7, xytext=(3, -9), textcoords="offset points")  # fmt: skip
 
 
-L2_STYLES = {"layerserve": "--", "hf-static": ":", "hf-continuous": "-."}
+L2_STYLES = {"layerserve": "--", "hf-static": ":", "hf-continuous": "-.", "llama-cpp": (0, (1, 3))}
 
 
 def _l2_lines(ax, report: dict) -> None:
@@ -75,4 +76,5 @@ def _l2_lines(ax, report: dict) -> None:
             continue
         style = L2_STYLES[row["system"]]
         ax.axvline(row["output_tok_s"], linestyle=style, color="gray", linewidth=1,
-                   label=f"L2 {row['system']} ({row['workload']})")  # fmt: skip
+                   label=f"L2 {row['system']} ({row['workload']}, "
+                         f"{row.get('sampling', 'greedy')})")  # fmt: skip
