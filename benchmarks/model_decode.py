@@ -159,7 +159,9 @@ class _Batch:
     """One batch of random prompts driven through a ModelRunner like the scheduler would: a
     prefill step for all, then one decode step at a time, blocks allocated as they fill."""
 
-    def __init__(self, runner, prompts: list[list[int]], tag: str) -> None:
+    def __init__(self, runner, prompts: list[list[int]], tag: str, options=None) -> None:
+        """options: one SamplingOptions per prompt (default: greedy)."""
+        from services.common.sampling import SamplingOptions
         from services.worker.engine.plan import NewSequence, StepPlan
 
         self.runner, self.ids = runner, [f"{tag}-{i}" for i in range(len(prompts))]
@@ -167,9 +169,11 @@ class _Batch:
         self.blocks: dict[str, list[int]] = {}
         self.free = list(range(runner.num_blocks))
         new = []
-        for rid, prompt in zip(self.ids, prompts, strict=True):
+        options = options or [SamplingOptions()] * len(prompts)
+        for rid, prompt, sampling in zip(self.ids, prompts, options, strict=True):
             self.blocks[rid] = self._take(-(-len(prompt) // BLOCK_SIZE))
-            new.append(NewSequence(rid, prompt, len(prompt), 0, len(prompt), [self.blocks[rid]]))
+            table = [self.blocks[rid]]
+            new.append(NewSequence(rid, prompt, len(prompt), 0, len(prompt), table, sampling))
         self.tokens = [[] for _ in prompts]
         self._record(runner.execute(StepPlan(new=new)))
 
