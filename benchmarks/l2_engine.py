@@ -105,6 +105,19 @@ def correctness_gate(plan: L2Plan, loaded: LoadedModel, hf, progress: Progress) 
     return gate
 
 
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One workload in one sampling mode, as every side receives it."""
+
+    prompts: list[list[int]]
+    outs: list[int]
+    sampling: Sampling
+    seeds: list[int]  # one per request (benchmarks.sampling.request_seeds)
+
+
+Systems = dict[str, Callable[[], object]]
+
+
 def workload_rows(
     plan: L2Plan,
     name: str,
@@ -118,54 +131,76 @@ def workload_rows(
     transformers' model, a LlamaCppEngine or None)."""
     loaded, hf, llama = models
     prompts, outs = [i.prompt_ids for i in items], [i.output_len for i in items]
-    seeds = request_seeds(plan.seed, len(items))
-    options = sampling.options(seeds)
-    runner = make_runner(loaded, _blocks_for(items, plan.scale))
-    systems: dict[str, Callable[[], object]] = {}
-    for caching in (True, False) if name == "shared-prefix" else (True,):
-        engine = OfflineEngine(runner, _limits(plan, caching))
-        engine.generate(prompts[:2], [4, 4], options[:2])  # warm-up, excluded
-        label = "layerserve" if caching else "layerserve, prefix cache off"
-        systems[label] = _fresh_cache_run(engine, prompts, outs, options)
-    hf_kw = {"sampling": sampling, "seed": plan.seed}
+    job = _Job(prompts, outs, sampling, request_seeds(plan.seed, len(items)))
+    systems: Systems = {}
     notes: dict[str, str] = {}
-    if "hf-static" in plan.baselines:
-        hf_generate(hf, prompts[:2], [4, 4], batch_size=2, **hf_kw)  # warm-up
-        batch = plan.scale.max_num_seqs
-        systems["hf-static"] = lambda: hf_generate(hf, prompts, outs, batch_size=batch, **hf_kw)
-        if not sampling.greedy:
-            notes["hf-static"] = "one seed per batch"
-    if "hf-continuous" in plan.baselines:
-        if continuous_batching_available(hf):
-            hf_continuous(hf, prompts[:2], [4, 4], **hf_kw)  # warm-up
-            s = plan.scale
-            systems["hf-continuous"] = lambda: hf_continuous(
-                hf, prompts, outs, s.max_num_batched_tokens, s.max_num_seqs, **hf_kw
-            )
-            seeding = "" if sampling.greedy else "; one seed per run"
-            notes["hf-continuous"] = f"gate {gate.get('hf-continuous', 'not run')}{seeding}"
-        else:
-            notes["hf-continuous"] = "not in this transformers version: not run"
-            progress.note("hf-continuous: this transformers has no continuous batching; skipped")
-            progress.advance(plan.repeats)
-    if "llama-cpp" in plan.baselines:
-        if llama is not None:
-            llama.generate(prompts[:2], [4, 4], sampling, seeds[:2])  # warm-up
-            systems["llama-cpp"] = lambda: llama.generate(prompts, outs, sampling, seeds)
-            notes["llama-cpp"] = f"{llama.describe()}; greedy agreement {gate.get('llama-cpp')}"
-        else:
-            notes["llama-cpp"] = NOT_INSTALLED
-            progress.note(f"llama-cpp: {NOT_INSTALLED}; skipped")
-            progress.advance(plan.repeats)
+    _add_engine(plan, name, loaded, job, systems)
+    _add_hf(plan, hf, job, gate, (systems, notes), progress)
+    _add_llama_cpp(plan, llama, job, gate, (systems, notes), progress)
     rows = []
     for system, fn in systems.items():
         progress.stage(f"L2 {name} ({sampling.name}): {system}")
         runs = [_timed(fn, progress) for _ in range(plan.repeats)]
         rows.append(_row(name, sampling.name, system, runs, sum(outs), notes.get(system, "")))
     _add_ratios(rows)
-    return rows + [
-        _skipped(name, sampling.name, s, n) for s, n in notes.items() if s not in systems
-    ]
+    skipped = [_skipped(name, sampling.name, s, n) for s, n in notes.items() if s not in systems]
+    return rows + skipped
+
+
+def _add_engine(plan: L2Plan, name: str, loaded: LoadedModel, job: _Job, systems: Systems) -> None:
+    """layerserve, each request with its own SamplingOptions (and seed); shared-prefix also
+    with the prefix cache off."""
+    options = job.sampling.options(job.seeds)
+    items = [Item(p, n) for p, n in zip(job.prompts, job.outs, strict=True)]
+    runner = make_runner(loaded, _blocks_for(items, plan.scale))
+    for caching in (True, False) if name == "shared-prefix" else (True,):
+        engine = OfflineEngine(runner, _limits(plan, caching))
+        engine.generate(job.prompts[:2], [4, 4], options[:2])  # warm-up, excluded
+        label = "layerserve" if caching else "layerserve, prefix cache off"
+        systems[label] = _fresh_cache_run(engine, job.prompts, job.outs, options)
+
+
+def _add_hf(plan: L2Plan, hf, job: _Job, gate: dict, out: tuple, progress: Progress) -> None:
+    """transformers: one seed per static batch, one per continuous-batching run (a batch
+    draws from one torch generator: per-request seeds are impossible there)."""
+    systems, notes = out
+    kw = {"sampling": job.sampling, "seed": plan.seed}
+    prompts, outs, s = job.prompts, job.outs, plan.scale
+    if "hf-static" in plan.baselines:
+        hf_generate(hf, prompts[:2], [4, 4], batch_size=2, **kw)  # warm-up
+        systems["hf-static"] = lambda: hf_generate(
+            hf, prompts, outs, batch_size=s.max_num_seqs, **kw
+        )
+        if not job.sampling.greedy:
+            notes["hf-static"] = "one seed per batch"
+    if "hf-continuous" not in plan.baselines:
+        return
+    if not continuous_batching_available(hf):
+        notes["hf-continuous"] = "not in this transformers version: not run"
+        progress.note("hf-continuous: this transformers has no continuous batching; skipped")
+        progress.advance(plan.repeats)
+        return
+    hf_continuous(hf, prompts[:2], [4, 4], **kw)  # warm-up
+    systems["hf-continuous"] = lambda: hf_continuous(
+        hf, prompts, outs, s.max_num_batched_tokens, s.max_num_seqs, **kw
+    )
+    seeding = "" if job.sampling.greedy else "; one seed per run"
+    notes["hf-continuous"] = f"gate {gate.get('hf-continuous', 'not run')}{seeding}"
+
+
+def _add_llama_cpp(plan: L2Plan, llama, job: _Job, gate: dict, out: tuple, progress) -> None:
+    """llama.cpp with a seed per request, or a row saying it is not installed."""
+    systems, notes = out
+    if "llama-cpp" not in plan.baselines:
+        return
+    if llama is None:
+        notes["llama-cpp"] = NOT_INSTALLED
+        progress.note(f"llama-cpp: {NOT_INSTALLED}; skipped")
+        progress.advance(plan.repeats)
+        return
+    llama.generate(job.prompts[:2], [4, 4], job.sampling, job.seeds[:2])  # warm-up
+    systems["llama-cpp"] = lambda: llama.generate(job.prompts, job.outs, job.sampling, job.seeds)
+    notes["llama-cpp"] = f"{llama.describe()}; greedy agreement {gate.get('llama-cpp')}"
 
 
 def _llama_engine(plan: L2Plan, items: list[Item]) -> LlamaCppEngine | None:
