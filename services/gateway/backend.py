@@ -14,9 +14,32 @@ from services.common.sampling import SamplingOptions
 
 
 @dataclass(slots=True)
+class ToolCall:
+    """A function call: in an assistant turn of the history, or found in generated text
+    (`index` then numbers it among the choice's calls)."""
+
+    id: str
+    name: str
+    arguments: str  # a JSON object, as text
+    index: int = 0
+
+
+@dataclass(slots=True)
+class Tool:
+    """A function the model may call."""
+
+    name: str
+    description: str = ""
+    parameters: str = ""  # a JSON schema of an object, as text; "" = no parameters
+
+
+@dataclass(slots=True)
 class ChatMessage:
     role: str
     content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)  # an assistant turn's calls
+    tool_call_id: str = ""  # a tool turn: the call it answers
+    name: str = ""  # a tool turn: the function's name, when given
 
 
 @dataclass(slots=True)
@@ -41,6 +64,13 @@ class GenerationRequest:
     trace_context: dict[str, str] = field(default_factory=dict)
     tenant: str = ""  # non-secret id of the caller's API key (ApiKey.tenant)
     max_prompt_tokens: int = 0  # the gateway's limit; 0: the model's context length
+    # The field sampling.structured came from, as the client spelled it (for errors).
+    structured_param: str = "response_format"
+    tools: list[Tool] = field(default_factory=list)
+    # "none" | "auto" | "required" ("" until validated: auto with tools, none without).
+    tool_choice: str = ""
+    tool_choice_function: str = ""  # a named function: exactly this one is called
+    parallel_tool_calls: bool = True
 
 
 @dataclass(slots=True)
@@ -65,11 +95,12 @@ class GenerationDelta:
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None  # parallel to token_ids when asked for
-    finish_reason: str | None = None  # "stop" | "length" on the last delta
+    finish_reason: str | None = None  # "stop" | "length" on the last delta (see tool_calls)
     prompt_tokens: int = 0
     completion_tokens: int = 0  # total so far
     cached_tokens: int = 0
     model: str = ""  # the model that serves the request (an alias's target); "" = not said
+    tool_calls: list[ToolCall] = field(default_factory=list)  # completed since the last delta
 
 
 @dataclass(slots=True)

@@ -180,4 +180,5 @@ def merge_deltas(deltas: list[GenerationDelta]) -> GenerationDelta:
         completion_tokens=max(d.completion_tokens for d in deltas),
         cached_tokens=max(d.cached_tokens for d in deltas),
         model=next((d.model for d in deltas if d.model), ""),
+        tool_calls=[call for d in deltas for call in d.tool_calls],
     )

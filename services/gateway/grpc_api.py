@@ -14,6 +14,7 @@ import sys
 import uuid
 
 import grpc
+from grpc_reflection.v1alpha import reflection
 from opentelemetry.trace import Span
 
 from layerserve.common.v1 import common_pb2
@@ -24,7 +25,7 @@ from services.common.grpc_util import SERVER_OPTIONS
 from services.common.sampling import SamplingOptions
 from services.gateway import request_span
 from services.gateway.api_keys import ApiKey
-from services.gateway.backend import Backend, ChatMessage, GenerationRequest
+from services.gateway.backend import Backend, ChatMessage, GenerationRequest, Tool, ToolCall
 from services.gateway.choice_streams import ChoiceStreams, ClientStalled, coalesce, write_within
 from services.gateway.front_door import FrontDoor
 from services.gateway.prompt_guard import PromptGuard
@@ -44,7 +45,15 @@ def public_server(
     20 MB prompt is refused by gRPC itself (RESOURCE_EXHAUSTED) before anything reads it."""
     options = [(k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"]
     options.append(("grpc.max_receive_message_length", limits.max_body_bytes))
-    return grpc.aio.server(options=options, interceptors=interceptors)
+    server = grpc.aio.server(options=options, interceptors=interceptors)
+    # Reflection: grpcurl and friends list and call the API without the .proto files.
+    names = (
+        gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name,
+        "grpc.health.v1.Health",
+        reflection.SERVICE_NAME,
+    )
+    reflection.enable_server_reflection(names, server)
+    return server
 
 
 def request_from_proto(
@@ -68,15 +77,38 @@ def request_from_proto(
     if which == "prompt":
         req.prompt = msg.prompt
     elif which == "chat":
-        req.messages = [ChatMessage(m.role, m.content) for m in msg.chat.messages]
+        req.messages = [_message(m) for m in msg.chat.messages]
     else:
         raise InvalidArgument("prompt or chat is required", param="prompt")
+    _add_tools(req, msg)
     given = msg.HasField("max_tokens")
     validate_request(req, 1, limits, "max_tokens" if given else None)
     if not given:
         req.max_tokens = default_max_tokens(1, limits)
         req.max_tokens_is_default = True
     return req
+
+
+_TOOL_CHOICE = {
+    gateway_pb2.TOOL_CHOICE_UNSPECIFIED: "",
+    gateway_pb2.TOOL_CHOICE_NONE: "none",
+    gateway_pb2.TOOL_CHOICE_AUTO: "auto",
+    gateway_pb2.TOOL_CHOICE_REQUIRED: "required",
+}
+
+
+def _message(m: gateway_pb2.ChatMessage) -> ChatMessage:
+    calls = [ToolCall(c.id, c.name, c.arguments, i) for i, c in enumerate(m.tool_calls)]
+    return ChatMessage(m.role, m.content, calls, m.tool_call_id, m.name)
+
+
+def _add_tools(req: GenerationRequest, msg: gateway_pb2.GenerateRequest) -> None:
+    req.structured_param = "sampling.structured"
+    req.tools = [Tool(t.name, t.description, t.parameters) for t in msg.tools]
+    req.tool_choice = _TOOL_CHOICE.get(msg.tool_choice, "")
+    req.tool_choice_function = msg.tool_choice_function
+    if msg.HasField("parallel_tool_calls"):
+        req.parallel_tool_calls = msg.parallel_tool_calls
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
@@ -189,4 +221,8 @@ def _response(delta, request_id: str) -> gateway_pb2.GenerateResponse:
         completion_tokens=delta.completion_tokens,
         cached_tokens=delta.cached_tokens,
         request_id=request_id,
+        tool_calls=[
+            gateway_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments, index=c.index)
+            for c in delta.tool_calls
+        ],
     )

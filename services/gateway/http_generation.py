@@ -123,7 +123,7 @@ async def _write_events(
     chunks instead of a growing backlog of tiny ones."""
     while True:
         merged, error = coalesce(items)
-        events = [sse_event(chunk) for i, d in merged.items() if (chunk := builder.chunk(i, d))]
+        events = [sse_event(c) for i, d in merged.items() for c in builder.chunks(i, d)]
         if error is not None:
             events.append(sse_event(_stream_error_payload(error, request_id)))
         elif streams.finished:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.common.errors import InvalidArgument
-from services.gateway.backend import ChatMessage
+from services.gateway.backend import ChatMessage, ToolCall
 from services.gateway.log_text import excerpt
 
 # Texts of a multi-part content are joined the way vLLM joins them.
@@ -27,8 +27,47 @@ def _parse_message(message: Any, param: str) -> ChatMessage:
     role = message.get("role")
     if not isinstance(role, str):
         raise InvalidArgument(f"{param}.role must be a string", param=f"{param}.role")
-    content = _content_text(message.get("content"), role, f"{param}.content")
-    return ChatMessage(role=role, content=content)
+    tool_calls = _tool_calls(message.get("tool_calls"), f"{param}.tool_calls")
+    # An assistant turn that only called tools has null content, as OpenAI returns it.
+    content_role = "assistant" if tool_calls else role
+    content = _content_text(message.get("content"), content_role, f"{param}.content")
+    return ChatMessage(
+        role=role,
+        content=content,
+        tool_calls=tool_calls,
+        tool_call_id=_optional_str(message, "tool_call_id", param),
+        name=_optional_str(message, "name", param),
+    )
+
+
+def _optional_str(message: dict, key: str, param: str) -> str:
+    value = message.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{param}.{key} must be a string", param=f"{param}.{key}")
+    return value
+
+
+def _tool_calls(value: Any, param: str) -> list[ToolCall]:
+    """An assistant turn's `tool_calls`, as a response returned them."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidArgument(f"{param} must be an array", param=param)
+    calls = []
+    for i, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            where = f"{param}[{i}].function"
+            raise InvalidArgument(f"{where} must be an object", param=where)
+        name, arguments = function.get("name"), function.get("arguments", "{}")
+        if not isinstance(name, str) or not isinstance(arguments, str):
+            where = f"{param}[{i}].function"
+            raise InvalidArgument(f"{where} needs a name and arguments (strings)", param=where)
+        call_id = _optional_str(call, "id", f"{param}[{i}]")
+        calls.append(ToolCall(id=call_id, name=name, arguments=arguments, index=i))
+    return calls
 
 
 def _content_text(content: Any, role: str, param: str) -> str:

@@ -3,9 +3,9 @@
 Validation happens here, before anything reaches the stack, so a bad request costs no tokenizer
 or scheduler work and its error names the offending field (`param`): JSON types and the
 OpenAI-only fields here, every rule the gRPC API shares in request_validator.py. Unknown fields
-are ignored,
-as vLLM does; known OpenAI features the stack lacks (echo, tools, logit_bias, ...) are refused
-rather than silently ignored.
+are ignored, as vLLM does; known OpenAI features the stack lacks (echo, logit_bias, the
+deprecated `functions`, ...) are refused rather than silently ignored. Output constraints
+(response_format, vLLM's guided_*): openai_structured.py; tools: openai_tools.py.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from services.gateway.openai_fields import (
     token_id_list,
 )
 from services.gateway.openai_messages import parse_messages
+from services.gateway.openai_structured import parse_structured
+from services.gateway.openai_tools import parse_tools
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
 from services.gateway.request_validator import default_max_tokens, validate_request
 
@@ -111,6 +113,7 @@ def parse_chat_request(
     template = _template(body, _chat_logprobs(body), trace_context, limits)
     template.messages = parse_messages(body.get("messages"))
     _reject_unsupported_chat_features(body)
+    parse_tools(body, template)
     template.add_generation_prompt = get_bool(body, "add_generation_prompt", True)
     # max_completion_tokens replaced max_tokens in OpenAI's chat API; the newer name wins.
     param = "max_completion_tokens"
@@ -148,10 +151,8 @@ def _chat_logprobs(body: JsonObject) -> int | None:
 
 
 def _reject_unsupported_chat_features(body: JsonObject) -> None:
-    for name in ("tools", "functions"):
-        reject_if_set(body, name, bool(body.get(name)), "tool calling")
-    response_type = get_object(body, "response_format").get("type", "text")
-    reject_if_set(body, "response_format", response_type != "text", "structured output")
+    for name in ("functions", "function_call"):
+        reject_if_set(body, name, body.get(name) is not None, f"{name} (deprecated; use tools)")
 
 
 def _template(
@@ -162,10 +163,13 @@ def _template(
 ) -> GenerationRequest:
     """The fields every choice shares; the prompt and ids are filled in by the caller."""
     reject_if_set(body, "logit_bias", bool(body.get("logit_bias")), "logit_bias")
+    sampling = _sampling(body, logprobs)
+    sampling.structured, structured_param = parse_structured(body)
     return GenerationRequest(
         request_id="",
         model=get_str(body, "model") or "",
-        sampling=_sampling(body, logprobs),
+        sampling=sampling,
+        structured_param=structured_param or "response_format",
         stop=get_stop(body),
         stop_token_ids=get_token_ids(body, "stop_token_ids"),
         ignore_eos=get_bool(body, "ignore_eos", False),

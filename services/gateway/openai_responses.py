@@ -1,5 +1,10 @@
 """GenerationDeltas -> OpenAI response objects: text_completion, chat.completion, their stream
-chunks, usage and logprobs, in the shapes of OpenAI's OpenAPI document."""
+chunks, usage, logprobs and tool calls, in the shapes of OpenAI's OpenAPI document.
+
+A tool call arrives whole (the tokenizer parses it once its JSON is complete) and streams as
+OpenAI streams one: a delta with its index, id, type and name and empty arguments, then a
+delta with the arguments. A choice that called a tool and stopped finishes with "tool_calls".
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import math
 import time
 from typing import Any
 
-from services.gateway.backend import GenerationDelta, TokenLogprob
+from services.gateway.backend import GenerationDelta, TokenLogprob, ToolCall
 from services.gateway.openai_protocol import ParsedRequest, RequestKind
 
 JsonObject = dict[str, Any]
@@ -36,6 +41,7 @@ class ResponseBuilder:
         self._served = [""] * n
         self._wants_logprobs = parsed.requests[0].sampling.logprobs is not None
         self._started = [False] * n
+        self._called = [False] * n  # the choice has produced a tool call
         self._text_offsets = [0] * n
         self._usage = UsageTally(n)
 
@@ -51,27 +57,32 @@ class ResponseBuilder:
             "usage": self._usage.as_json(),
         }
 
-    def chunk(self, index: int, delta: GenerationDelta) -> JsonObject | None:
-        """The stream chunk for (possibly coalesced) deltas of one choice; None if it would say
-        nothing (e.g. a token still waiting for the rest of its UTF-8 bytes)."""
+    def chunks(self, index: int, delta: GenerationDelta) -> list[JsonObject]:
+        """The stream chunks for (possibly coalesced) deltas of one choice: none if they would
+        say nothing (e.g. a token still waiting for the rest of its UTF-8 bytes), two more per
+        tool call."""
         self._usage.add(index, delta)
         if delta.model:
             self._served[index] = delta.model
         first = not self._started[index]
         self._started[index] = True
-        has_logprobs = self._wants_logprobs and bool(delta.logprobs)
-        if not (first or delta.text or delta.finish_reason or has_logprobs):
-            return None
-        choice = (
-            self._chat_chunk_choice(index, delta, first)
-            if self.kind is RequestKind.CHAT
-            else self._completion_choice(index, delta)
-        )
+        if self.kind is RequestKind.CHAT:
+            choices = self._chat_chunk_choices(index, delta, first)
+        elif first or delta.text or delta.finish_reason or self._has_logprobs(delta):
+            choices = [self._completion_choice(index, delta)]
+        else:
+            choices = []
         model = self._served[index] or self._model
-        body = {**self._envelope(_CHUNK_OBJECT[self.kind], model), "choices": [choice]}
-        if self.include_usage:
-            body["usage"] = None  # OpenAI: null on every chunk but the last
-        return body
+        bodies = [
+            {**self._envelope(_CHUNK_OBJECT[self.kind], model), "choices": [c]} for c in choices
+        ]
+        for body in bodies:
+            if self.include_usage:
+                body["usage"] = None  # OpenAI: null on every chunk but the last
+        return bodies
+
+    def _has_logprobs(self, delta: GenerationDelta) -> bool:
+        return self._wants_logprobs and bool(delta.logprobs)
 
     def usage_chunk(self) -> JsonObject:
         """The last chunk when stream_options.include_usage: no choices, the whole usage."""
@@ -95,12 +106,19 @@ class ResponseBuilder:
         if self.kind is RequestKind.COMPLETION:
             return self._completion_choice(index, result)
         message = {"role": "assistant", "content": result.text, "refusal": None}
+        if result.tool_calls:
+            self._called[index] = True
+            message["content"] = result.text or None  # OpenAI: null beside tool calls
+            message["tool_calls"] = [_tool_call_json(call) for call in result.tool_calls]
         return {
             "index": index,
             "message": message,
             "logprobs": self._chat_logprobs(result),
-            "finish_reason": result.finish_reason,
+            "finish_reason": self._finish_reason(index, result.finish_reason),
         }
+
+    def _finish_reason(self, index: int, reason: str | None) -> str | None:
+        return "tool_calls" if reason == "stop" and self._called[index] else reason
 
     def _completion_choice(self, index: int, delta: GenerationDelta) -> JsonObject:
         logprobs = None
@@ -115,21 +133,47 @@ class ResponseBuilder:
             "finish_reason": delta.finish_reason,
         }
 
-    def _chat_chunk_choice(self, index: int, delta: GenerationDelta, first: bool) -> JsonObject:
-        message: JsonObject = {"role": "assistant"} if first else {}
-        if first or delta.text:
-            message["content"] = delta.text
-        return {
-            "index": index,
-            "delta": message,
-            "logprobs": self._chat_logprobs(delta),
-            "finish_reason": delta.finish_reason,
-        }
+    def _chat_chunk_choices(
+        self, index: int, delta: GenerationDelta, first: bool
+    ) -> list[JsonObject]:
+        """The text's delta (when there is something to say), then two per tool call; the
+        last one carries the finish reason."""
+        deltas: list[tuple[JsonObject, JsonObject | None]] = []
+        finish_alone = delta.finish_reason and not delta.tool_calls
+        if first or delta.text or finish_alone or self._has_logprobs(delta):
+            message: JsonObject = {"role": "assistant"} if first else {}
+            if first or delta.text:
+                message["content"] = delta.text
+            deltas.append((message, self._chat_logprobs(delta)))
+        for call in delta.tool_calls:
+            self._called[index] = True
+            header = _tool_call_json(call, arguments="")
+            deltas.append(({"tool_calls": [{"index": call.index, **header}]}, None))
+            arguments = {"index": call.index, "function": {"arguments": call.arguments}}
+            deltas.append(({"tool_calls": [arguments]}, None))
+        choices = [
+            {"index": index, "delta": message, "logprobs": logprobs, "finish_reason": None}
+            for message, logprobs in deltas
+        ]
+        if choices:
+            choices[-1]["finish_reason"] = self._finish_reason(index, delta.finish_reason)
+        return choices
 
     def _chat_logprobs(self, delta: GenerationDelta) -> JsonObject | None:
         if not self._wants_logprobs:
             return None
         return {"content": [chat_token_logprob(lp) for lp in delta.logprobs or []], "refusal": None}
+
+
+def _tool_call_json(call: ToolCall, arguments: str | None = None) -> JsonObject:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {
+            "name": call.name,
+            "arguments": call.arguments if arguments is None else arguments,
+        },
+    }
 
 
 class UsageTally:

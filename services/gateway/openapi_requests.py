@@ -110,6 +110,98 @@ def _shared_properties(limits: RequestLimits) -> dict[str, Schema]:
             }
         ),
         "logit_bias": _OFF,
+        **_structured_properties(),
+    }
+
+
+def _structured_properties() -> dict[str, Schema]:
+    """vLLM's output constraints (openai_structured.py); at most one per request."""
+    choice: Schema = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+    text: Schema = {"type": "string", "minLength": 1}
+    return {
+        "guided_json": optional({"type": ["object", "string"], "description": "A JSON schema."}),
+        "guided_regex": optional({**text, "description": "A regex the output matches."}),
+        "guided_choice": optional({**choice, "description": "The output is one of these."}),
+        "guided_grammar": optional({**text, "description": "A Lark (or GBNF) grammar."}),
+        "structured_outputs": optional(
+            {
+                "type": "object",
+                "properties": {
+                    "json": optional({"type": ["object", "string"]}),
+                    "regex": optional(text),
+                    "choice": optional(choice),
+                    "grammar": optional(text),
+                    "json_object": optional({"const": True}),
+                },
+                "description": "vLLM's newer spelling of the guided_* fields: set one.",
+            }
+        ),
+    }
+
+
+def _response_format() -> Schema:
+    json_schema: Schema = {
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+            "description": optional({"type": "string"}),
+            "schema": optional({"type": ["object", "string"]}),
+            "strict": _bool("Accepted; the schema is always enforced."),
+        },
+    }
+    return optional(
+        {
+            "anyOf": [
+                {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}},
+                {
+                    "type": "object",
+                    "required": ["type", "json_schema"],
+                    "properties": {"type": {"const": "json_schema"}, "json_schema": json_schema},
+                },
+            ],
+            "description": "Constrains the output to JSON, or to a JSON schema, by a grammar.",
+        }
+    )
+
+
+def _tools() -> dict[str, Schema]:
+    function: Schema = {
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+            "description": optional({"type": "string"}),
+            "parameters": optional({"type": ["object", "string"]}),
+            "strict": _bool("Accepted; required calls always match the parameters."),
+        },
+    }
+    tool: Schema = {
+        "type": "object",
+        "required": ["function"],
+        "properties": {"type": {"const": "function"}, "function": function},
+    }
+    named: Schema = {
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {
+            "type": {"const": "function"},
+            "function": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {"name": {"type": "string"}},
+            },
+        },
+    }
+    return {
+        "tools": optional({"type": "array", "items": tool, "maxItems": 128}),
+        "tool_choice": optional(
+            {
+                "anyOf": [{"enum": ["none", "auto", "required"]}, named],
+                "description": "required and a named function are enforced by a grammar.",
+            }
+        ),
+        "parallel_tool_calls": _bool("With required: several calls; default true."),
     }
 
 
@@ -156,15 +248,10 @@ def chat_request(limits: RequestLimits) -> Schema:
             "logprobs": _bool("Return the sampled tokens' logprobs."),
             "top_logprobs": _int(0, MAX_CHAT_TOP_LOGPROBS, "Needs logprobs: true."),
             "add_generation_prompt": _bool("Open the assistant's turn; default true."),
-            "response_format": optional(
-                {
-                    "type": "object",
-                    "properties": {"type": {"const": "text"}},
-                    "description": "Only text; structured output is not supported.",
-                }
-            ),
-            "tools": _OFF,
-            "functions": _OFF,
+            "response_format": _response_format(),
+            **_tools(),
+            "functions": optional({"not": {}, "description": "Deprecated: use tools."}),
+            "function_call": optional({"not": {}, "description": "Deprecated: use tool_choice."}),
         },
     }
 
@@ -177,6 +264,18 @@ def chat_message() -> Schema:
         "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
     }
     content: Schema = {"anyOf": [{"type": "string"}, {"type": "array", "items": part}]}
+    call: Schema = {
+        "type": "object",
+        "required": ["function"],
+        "properties": {
+            "id": optional({"type": "string"}),
+            "function": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+            },
+        },
+    }
     return {
         "anyOf": [
             {
@@ -190,8 +289,21 @@ def chat_message() -> Schema:
             {
                 "type": "object",
                 "required": ["role"],
-                "properties": {"role": {"const": "assistant"}, "content": optional(content)},
+                "properties": {
+                    "role": {"const": "assistant"},
+                    "content": optional(content),
+                    "tool_calls": optional({"type": "array", "items": call}),
+                },
+            },
+            {
+                "type": "object",
+                "required": ["role", "content", "tool_call_id"],
+                "properties": {
+                    "role": {"const": "tool"},
+                    "content": content,
+                    "tool_call_id": {"type": "string", "minLength": 1},
+                },
             },
         ],
-        "description": "developer is read as system; tool and function turns are refused.",
+        "description": "developer is read as system; function turns are refused.",
     }

@@ -14,9 +14,11 @@ from __future__ import annotations
 import re
 
 from services.common.errors import InvalidArgument
+from services.common.structured_output import check_structured
 from services.gateway.backend import ChatMessage, GenerationRequest
 from services.gateway.log_text import excerpt
 from services.gateway.request_limits import RequestLimits
+from services.gateway.tool_calling import check_tools
 
 INT32_MAX = 2**31 - 1
 MAX_MODEL_NAME_LENGTH = 256
@@ -25,9 +27,15 @@ MAX_MODEL_NAME_LENGTH = 256
 _MODEL_NAME = re.compile(r"[!-~]+")
 # OpenAI's "developer" role is its newer name for "system"; open models' chat templates only
 # know "system", so it is renamed here rather than failing inside the template.
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-# Tool results need a tool_call_id the template would have to render; tools are unsupported.
-_UNSUPPORTED_ROLES = {"tool", "function"}
+_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
+# OpenAI's deprecated predecessor of "tool" (function_call): not supported.
+_UNSUPPORTED_ROLES = {"function"}
 
 
 def validate_request(
@@ -46,6 +54,11 @@ def validate_request(
             f"got {len(request.stop_token_ids)}",
             param="stop_token_ids",
         )
+    check_tools(request)
+    # Compiled here without the model's vocabulary (the tokenizer checks again with it): a
+    # schema llguidance cannot enforce, e.g. one with a keyword it does not implement, is a
+    # 400 naming the field before anything is queued.
+    check_structured(request.sampling.structured, None, request.structured_param)
     request.sampling.validate()
     if max_tokens_param is not None and n * request.max_tokens > limits.max_request_tokens:
         raise InvalidArgument(
@@ -140,6 +153,22 @@ def _check_messages(messages: list[ChatMessage]) -> None:
             allowed = ", ".join(sorted(_ROLES))
             raise InvalidArgument(f"{param} must be one of {allowed}", param=param)
         message.role = _ROLES[role]
+        _check_tool_turn(message, f"messages[{i}]")
+
+
+def _check_tool_turn(message: ChatMessage, param: str) -> None:
+    if message.role == "tool" and not message.tool_call_id:
+        raise InvalidArgument(
+            f"{param}.tool_call_id is required in a tool message", param=f"{param}.tool_call_id"
+        )
+    if message.tool_calls and message.role != "assistant":
+        raise InvalidArgument(
+            f"{param}.tool_calls is only for assistant messages", param=f"{param}.tool_calls"
+        )
+    for j, call in enumerate(message.tool_calls):
+        if not call.name:
+            where = f"{param}.tool_calls[{j}].function.name"
+            raise InvalidArgument(f"{where} is required", param=where)
 
 
 def _check_stop(stops: list[str], limits: RequestLimits) -> None:

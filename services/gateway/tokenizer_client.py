@@ -21,6 +21,7 @@ from services.gateway.backend import (
     GenerationRequest,
     ModelCard,
     TokenLogprob,
+    ToolCall,
     TopLogprob,
 )
 
@@ -53,12 +54,38 @@ def request_to_proto(
     if req.messages is not None:
         msg.chat.add_generation_prompt = req.add_generation_prompt
         for m in req.messages:
-            msg.chat.messages.add(role=m.role, content=m.content)
+            msg.chat.messages.add(
+                role=m.role,
+                content=m.content,
+                tool_calls=[
+                    tokenizer_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments)
+                    for c in m.tool_calls
+                ],
+                tool_call_id=m.tool_call_id,
+                name=m.name,
+            )
+        _add_tools(msg, req)
     elif req.prompt_token_ids is not None:
         msg.prompt_token_ids.ids.extend(req.prompt_token_ids)
     else:
         msg.prompt = req.prompt or ""
     return msg
+
+
+# tool_choice -> what the tokenizer parses out of the text ("none" shows the model no tools).
+_TOOL_PARSING = {
+    "auto": tokenizer_pb2.TOOL_CALL_PARSING_MODEL_FORMAT,
+    "required": tokenizer_pb2.TOOL_CALL_PARSING_JSON,
+}
+
+
+def _add_tools(msg: tokenizer_pb2.GenerateRequest, req: GenerationRequest) -> None:
+    parsing = _TOOL_PARSING.get(req.tool_choice)
+    if parsing is None:
+        return
+    msg.tool_call_parsing = parsing
+    for tool in req.tools:
+        msg.tools.add(name=tool.name, description=tool.description, parameters=tool.parameters)
 
 
 def delta_from_proto(out: tokenizer_pb2.GenerateOutput, want_logprobs: bool) -> GenerationDelta:
@@ -82,6 +109,7 @@ def delta_from_proto(out: tokenizer_pb2.GenerateOutput, want_logprobs: bool) -> 
         completion_tokens=out.completion_tokens,
         cached_tokens=out.cached_tokens,
         model=out.model,
+        tool_calls=[ToolCall(c.id, c.name, c.arguments, c.index) for c in out.tool_calls],
     )
 
 

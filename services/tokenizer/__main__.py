@@ -35,7 +35,13 @@ async def main() -> None:
         log.info("loaded the tokenizer of %s in %.1fs", name, time.perf_counter() - started)
     gate = DrainGate("the tokenizer service")
     server = new_server([gate])
-    servicer = TokenizerServicer(models, config.scheduler, config.threads, config.catalog_ttl)
+    servicer = TokenizerServicer(
+        models,
+        config.scheduler,
+        config.threads,
+        config.catalog_ttl,
+        tool_parser=config.tool_parser,
+    )
     tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server)
     # Ready: its tokenizers are loaded (above) and its scheduler is serving.
     health = Health(

@@ -20,7 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from services.common.errors import InvalidArgument
 
-Message = Mapping[str, str]
+Message = Mapping[str, Any]  # role, content; tool_calls, tool_call_id, name when set
 
 
 def _raise_exception(message: str) -> None:
@@ -74,13 +74,20 @@ class ChatTemplate:
         self._bos_token = bos_token
         self._eos_token = eos_token
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Message] | None = None,
+    ) -> str:
         """The prompt text for `messages`, ending with the assistant header when
-        `add_generation_prompt` is true and the template supports it."""
+        `add_generation_prompt` is true and the template supports it. `tools`: OpenAI's
+        `[{"type": "function", "function": {...}}]`, passed as transformers passes them."""
         _validate_messages(messages)
         try:
             return self._template.render(
                 messages=[dict(m) for m in messages],
+                tools=list(tools) if tools else None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._bos_token,
                 eos_token=self._eos_token,
@@ -89,6 +96,16 @@ class ChatTemplate:
             # Covers raise_exception, sandbox violations and undefined lookups alike: all of
             # them mean this conversation cannot be rendered by this model's template.
             raise InvalidArgument(f"chat template rejected the messages: {exc}") from exc
+
+    def renders_tools(self) -> bool:
+        """Whether the template writes `tools` into the prompt at all (many, like SmolLM2's,
+        ignore them): a probe conversation rendered with and without one tool."""
+        probe = [{"role": "user", "content": "probe"}]
+        tool = {"type": "function", "function": {"name": "probe_tool", "parameters": {}}}
+        try:
+            return self.render(probe, True, [tool]) != self.render(probe, True)
+        except InvalidArgument:
+            return False
 
 
 def _validate_messages(messages: Sequence[Message]) -> None:

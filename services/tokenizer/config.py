@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from services.common.service_settings import drain_timeout_setting, metrics_port_setting
 from services.common.settings import check_settings, positive, read_settings, setting
+from services.tokenizer.tool_format import TOOL_PARSER_CHOICES
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -47,6 +48,15 @@ class TokenizerConfig:
         help="seconds the scheduler's list of models and aliases is cached (an unknown "
         "model name refreshes it at once); a model it serves without a tokenizer here gets "
         "one loaded from the path its workers report",
+    )
+    tool_parser: str = setting(
+        "--tool-parser",
+        env="TOOL_PARSER",
+        default="auto",
+        choices=TOOL_PARSER_CHOICES,
+        help="how models write tool calls, and are told about tools when their chat template "
+        "ignores them: hermes, smollm2, or auto (per model family: smollm2 for SmolLM2, "
+        "hermes otherwise)",
     )
     drain_timeout_s: float = drain_timeout_setting()
     metrics_port: int = metrics_port_setting()

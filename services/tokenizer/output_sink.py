@@ -8,6 +8,7 @@ from services.common.errors import LayerserveError, code_number, error_from_code
 from services.common.mux import MuxClient, Outbox
 from services.tokenizer.request_events import NO_LISTENER, RequestListener
 from services.tokenizer.text_stream import TextStream
+from services.tokenizer.tool_parser import ParsedText, ToolCallParser
 
 GenerateOutput = tokenizer_pb2.GenerateOutput
 _UNSPECIFIED = common_pb2.FINISH_REASON_UNSPECIFIED
@@ -24,7 +25,16 @@ def error_output(request_id: str, err: LayerserveError) -> GenerateOutput:
 class OutputSink:
     """Receives one request's outputs from the scheduler (inline, on the reading task)."""
 
-    __slots__ = ("request_id", "model_name", "stream", "outbox", "open_ids", "mux", "events")
+    __slots__ = (
+        "request_id",
+        "model_name",
+        "stream",
+        "outbox",
+        "open_ids",
+        "mux",
+        "events",
+        "tool_parser",
+    )
 
     def __init__(
         self,
@@ -35,6 +45,7 @@ class OutputSink:
         open_ids: set[str],
         mux: MuxClient,
         events: RequestListener = NO_LISTENER,
+        tool_parser: ToolCallParser | None = None,  # None: all text is content
     ) -> None:
         self.request_id = request_id
         self.model_name = model_name  # the model serving it (an alias's target)
@@ -43,6 +54,7 @@ class OutputSink:
         self.open_ids = open_ids
         self.mux = mux
         self.events = events
+        self.tool_parser = tool_parser
 
     def __call__(self, output) -> None:
         if output is None or self.stream.finished:
@@ -70,9 +82,10 @@ class OutputSink:
             finish = common_pb2.FINISH_REASON_STOP
             if not last:
                 self.mux.abort(self.request_id)  # free its KV now, not at max_tokens
+        parsed = self._parse(delta.text)
         out = GenerateOutput(
             request_id=self.request_id,
-            text=delta.text,
+            text=parsed.content,
             token_ids=output.token_ids,
             finish_reason=finish,
             prompt_tokens=self.stream.prompt_tokens,
@@ -80,12 +93,27 @@ class OutputSink:
             cached_tokens=output.cached_tokens,
             model=self.model_name,
         )
+        for call in parsed.tool_calls:
+            out.tool_calls.add(
+                index=call.index, id=call.id, name=call.name, arguments=call.arguments
+            )
         for lp in output.logprobs:
             out.logprobs.append(self._text_logprob(lp))
         self.outbox.put(out)
         if self.stream.finished:
             self.open_ids.discard(self.request_id)
             self.events.finished(self.request_id, out)
+
+    def _parse(self, text: str) -> ParsedText:
+        """Content and tool calls of the new text; all of what is held back at the end."""
+        if self.tool_parser is None:
+            return ParsedText(text)
+        parsed = self.tool_parser.feed(text)
+        if self.stream.finished:
+            rest = self.tool_parser.flush()
+            parsed.content += rest.content
+            parsed.tool_calls += rest.tool_calls
+        return parsed
 
     def _text_logprob(self, lp: common_pb2.TokenLogprob) -> tokenizer_pb2.TextLogprob:
         model = self.stream.model

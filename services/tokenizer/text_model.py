@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 from services.common.errors import InvalidArgument
 from services.tokenizer.chat_template import ChatTemplate, Message
+from services.tokenizer.tool_format import ToolFormat
 from services.tokenizer.vocab_bytes import build_token_bytes, is_byte_level
 
 # End-of-turn markers of common chat formats (ChatML, GPT-2, Llama 3, Gemma). A model that
@@ -58,12 +59,14 @@ class TextModel:
         )
         self.stop_token_ids = self._collect_stop_ids(extra_stop_token_ids)
         self.chat_template: ChatTemplate | None = None
+        self.template_renders_tools = False
         if chat_template:
             self.chat_template = ChatTemplate(
                 chat_template,
                 bos_token=self._token_string(bos_token_id),
                 eos_token=self._token_string(eos_token_id),
             )
+            self.template_renders_tools = self.chat_template.renders_tools()
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -82,19 +85,31 @@ class TextModel:
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Message] | None = None,
+        tool_format: ToolFormat | None = None,
     ) -> str:
         """The model's prompt text for a conversation. InvalidArgument when the model has no
-        chat template, the messages are malformed, or the template rejects them."""
+        chat template, the messages are malformed, or the template rejects them. A template
+        that ignores tools gets them, and the history's calls and results, as `tool_format`
+        writes them (tool_format.py)."""
         if self.chat_template is None:
             raise InvalidArgument(f"model {self.name!r} has no chat template", param="messages")
-        return self.chat_template.render(messages, add_generation_prompt)
+        if tool_format is not None and not self.template_renders_tools:
+            messages, tools = tool_format.prepare(messages, tools or ()), None
+        return self.chat_template.render(messages, add_generation_prompt, tools)
 
     def encode_chat(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Message] | None = None,
+        tool_format: ToolFormat | None = None,
     ) -> list[int]:
         """Token ids of the rendered conversation, with no special tokens added on top."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools, tool_format)
         return self.encode(text, add_special_tokens=False)
 
     def token_bytes(self, token_id: int) -> bytes:

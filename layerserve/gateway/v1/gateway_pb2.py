@@ -25,27 +25,33 @@ _sym_db = _symbol_database.Default()
 from layerserve.common.v1 import common_pb2 as layerserve_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#layerserve/gateway/v1/gateway.proto\x12\x15layerserve.gateway.v1\x1a!layerserve/common/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"D\n\x0c\x43hatMessages\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".layerserve.gateway.v1.ChatMessage\"\xf2\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x33\n\x04\x63hat\x18\x03 \x01(\x0b\x32#.layerserve.gateway.v1.ChatMessagesH\x00\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x01\x88\x01\x01\x12\x36\n\x08sampling\x18\x05 \x01(\x0b\x32$.layerserve.common.v1.SamplingParams\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x07\n\x05inputB\r\n\x0b_max_tokens\"\xcb\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x39\n\rfinish_reason\x18\x03 \x01(\x0e\x32\".layerserve.common.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\x05\x12\x15\n\rcached_tokens\x18\x06 \x01(\x05\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"\x13\n\x11ListModelsRequest\"*\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\"B\n\x12ListModelsResponse\x12,\n\x06models\x18\x01 \x03(\x0b\x32\x1c.layerserve.gateway.v1.Model2\xcb\x01\n\x07Gateway\x12]\n\x08Generate\x12&.layerserve.gateway.v1.GenerateRequest\x1a\'.layerserve.gateway.v1.GenerateResponse0\x01\x12\x61\n\nListModels\x12(.layerserve.gateway.v1.ListModelsRequest\x1a).layerserve.gateway.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#layerserve/gateway/v1/gateway.proto\x12\x15layerserve.gateway.v1\x1a!layerserve/common/v1/common.proto\"\x85\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x33\n\ntool_calls\x18\x03 \x03(\x0b\x32\x1f.layerserve.gateway.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"F\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\x05\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"D\n\x0c\x43hatMessages\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".layerserve.gateway.v1.ChatMessage\"\xae\x03\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x33\n\x04\x63hat\x18\x03 \x01(\x0b\x32#.layerserve.gateway.v1.ChatMessagesH\x00\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x01\x88\x01\x01\x12\x36\n\x08sampling\x18\x05 \x01(\x0b\x32$.layerserve.common.v1.SamplingParams\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12*\n\x05tools\x18\x08 \x03(\x0b\x32\x1b.layerserve.gateway.v1.Tool\x12\x36\n\x0btool_choice\x18\t \x01(\x0e\x32!.layerserve.gateway.v1.ToolChoice\x12\x1c\n\x14tool_choice_function\x18\n \x01(\t\x12 \n\x13parallel_tool_calls\x18\x0b \x01(\x08H\x02\x88\x01\x01\x42\x07\n\x05inputB\r\n\x0b_max_tokensB\x16\n\x14_parallel_tool_calls\"\x80\x02\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x39\n\rfinish_reason\x18\x03 \x01(\x0e\x32\".layerserve.common.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\x05\x12\x15\n\rcached_tokens\x18\x06 \x01(\x05\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\x33\n\ntool_calls\x18\x08 \x03(\x0b\x32\x1f.layerserve.gateway.v1.ToolCall\"\x13\n\x11ListModelsRequest\"*\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\"B\n\x12ListModelsResponse\x12,\n\x06models\x18\x01 \x03(\x0b\x32\x1c.layerserve.gateway.v1.Model*o\n\nToolChoice\x12\x1b\n\x17TOOL_CHOICE_UNSPECIFIED\x10\x00\x12\x14\n\x10TOOL_CHOICE_NONE\x10\x01\x12\x14\n\x10TOOL_CHOICE_AUTO\x10\x02\x12\x18\n\x14TOOL_CHOICE_REQUIRED\x10\x03\x32\xcb\x01\n\x07Gateway\x12]\n\x08Generate\x12&.layerserve.gateway.v1.GenerateRequest\x1a\'.layerserve.gateway.v1.GenerateResponse0\x01\x12\x61\n\nListModels\x12(.layerserve.gateway.v1.ListModelsRequest\x1a).layerserve.gateway.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'layerserve.gateway.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHATMESSAGE']._serialized_start=97
-  _globals['_CHATMESSAGE']._serialized_end=141
-  _globals['_CHATMESSAGES']._serialized_start=143
-  _globals['_CHATMESSAGES']._serialized_end=211
-  _globals['_GENERATEREQUEST']._serialized_start=214
-  _globals['_GENERATEREQUEST']._serialized_end=456
-  _globals['_GENERATERESPONSE']._serialized_start=459
-  _globals['_GENERATERESPONSE']._serialized_end=662
-  _globals['_LISTMODELSREQUEST']._serialized_start=664
-  _globals['_LISTMODELSREQUEST']._serialized_end=683
-  _globals['_MODEL']._serialized_start=685
-  _globals['_MODEL']._serialized_end=727
-  _globals['_LISTMODELSRESPONSE']._serialized_start=729
-  _globals['_LISTMODELSRESPONSE']._serialized_end=795
-  _globals['_GATEWAY']._serialized_start=798
-  _globals['_GATEWAY']._serialized_end=1001
+  _globals['_TOOLCHOICE']._serialized_start=1263
+  _globals['_TOOLCHOICE']._serialized_end=1374
+  _globals['_CHATMESSAGE']._serialized_start=98
+  _globals['_CHATMESSAGE']._serialized_end=231
+  _globals['_TOOLCALL']._serialized_start=233
+  _globals['_TOOLCALL']._serialized_end=303
+  _globals['_TOOL']._serialized_start=305
+  _globals['_TOOL']._serialized_end=366
+  _globals['_CHATMESSAGES']._serialized_start=368
+  _globals['_CHATMESSAGES']._serialized_end=436
+  _globals['_GENERATEREQUEST']._serialized_start=439
+  _globals['_GENERATEREQUEST']._serialized_end=869
+  _globals['_GENERATERESPONSE']._serialized_start=872
+  _globals['_GENERATERESPONSE']._serialized_end=1128
+  _globals['_LISTMODELSREQUEST']._serialized_start=1130
+  _globals['_LISTMODELSREQUEST']._serialized_end=1149
+  _globals['_MODEL']._serialized_start=1151
+  _globals['_MODEL']._serialized_end=1193
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1195
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1261
+  _globals['_GATEWAY']._serialized_start=1377
+  _globals['_GATEWAY']._serialized_end=1580
 # @@protoc_insertion_point(module_scope)

@@ -209,7 +209,8 @@ def test_batched_prompts_are_refused_by_name() -> None:
         ({"messages": "hi"}, "messages"),
         ({"messages": ["hi"]}, "messages[0]"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
         ({"messages": [{"role": "user"}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         (
@@ -224,8 +225,9 @@ def test_batched_prompts_are_refused_by_name() -> None:
         ({"logprobs": "yes"}, "logprobs"),
         ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools[0].function.name"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"functions": [{"name": "f"}]}, "functions"),
         ({"add_generation_prompt": 1}, "add_generation_prompt"),
     ],
 )

@@ -94,7 +94,30 @@ CHATS = [
     {"model": "m", "messages": _USER, "top_logprobs": 21, "logprobs": True},
     {"model": "m", "messages": _USER, "max_completion_tokens": 0},
     {"model": "m", "messages": _USER, "response_format": {"type": "json_object"}},
+    {"model": "m", "messages": _USER, "response_format": {"type": "json_schema"}},
+    {"model": "m", "messages": _USER, "guided_choice": ["a", "b"]},
+    {"model": "m", "messages": _USER, "guided_choice": []},
+    {"model": "m", "messages": _USER, "structured_outputs": {"regex": "[ab]+"}},
     {"model": "m", "messages": _USER, "tools": [{"type": "function"}]},
+    {"model": "m", "messages": _USER, "tools": [{"function": {"name": "f"}}]},
+    {
+        "model": "m",
+        "messages": _USER,
+        "tools": [{"function": {"name": "f"}}],
+        "tool_choice": "required",
+    },
+    {"model": "m", "messages": _USER, "tool_choice": "maybe"},
+    {"model": "m", "messages": _USER, "functions": [{"name": "f"}]},
+    {
+        "model": "m",
+        "messages": [
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c", "content": "42"},
+        ],
+    },
     {"model": "m", "messages": _USER, "stream_options": {"include_usage": "yes"}},
 ]
 
