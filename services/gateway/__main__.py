@@ -21,6 +21,7 @@ from services.gateway.front_door import FrontDoor
 from services.gateway.grpc_api import GatewayServicer, public_server
 from services.gateway.http_app import create_app
 from services.gateway.lifecycle import Lifecycle
+from services.gateway.listen_socket import listening_sockets
 from services.gateway.prompt_log import PromptLoggingBackend
 from services.gateway.rate_limiter import LocalBuckets, RateLimiter, RedisBuckets
 from services.gateway.tokenizer_client import TokenizerBackend
@@ -49,8 +50,8 @@ async def main() -> None:
     # authenticate callers there; mutual TLS is for the internal hops).
     public_tls = process_tls().without_client_auth()
     ssl_context = public_tls.server_ssl_context() if public_tls.can_serve else None
-    site = web.TCPSite(runner, config.host, config.http_port, ssl_context=ssl_context)
-    await site.start()
+    for sock in listening_sockets(config.host, config.http_port, config.send_buffer_bytes):
+        await web.SockSite(runner, sock, ssl_context=ssl_context).start()
     gate = DrainGate("the gateway")
     grpc_server = public_server(config.limits, [gate])
     gateway_pb2_grpc.add_GatewayServicer_to_server(

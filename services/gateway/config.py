@@ -7,8 +7,9 @@ import sys
 from dataclasses import dataclass
 
 from services.common.service_settings import drain_timeout_setting
-from services.common.settings import check_settings, read_settings, setting
+from services.common.settings import at_least, check_settings, read_settings, setting
 from services.gateway.api_keys import KeyLimits, KeyRing, load_key_ring
+from services.gateway.listen_socket import DEFAULT_SEND_BUFFER_BYTES
 from services.gateway.request_limits import RequestLimits
 
 PROG = "python -m services.gateway"
@@ -122,6 +123,14 @@ class GatewayConfig:
         env="STALLED_CLIENT_SECONDS",
         default=_LIMITS.stalled_client_seconds,
         help="a stream whose client takes nothing for this long is cut off and aborted",
+    )
+    send_buffer_bytes: int = setting(  # see listen_socket.py for the default
+        "--send-buffer-bytes",
+        env="SEND_BUFFER_BYTES",
+        default=DEFAULT_SEND_BUFFER_BYTES,
+        check=at_least(0),
+        help="each HTTP connection's kernel send buffer (SO_SNDBUF), so that a client that "
+        "stops reading blocks a write soon and is cut off; 0 = the kernel's own, autotuned",
     )
     drain_timeout_s: float = drain_timeout_setting()
     # Prompts and completions in the log: only when the operator asks. From the environment

@@ -34,6 +34,7 @@ def test_defaults() -> None:
     assert config.rate_limit_fail_open and config.max_inflight == 1024
     assert config.limits.max_n == 16 and config.limits.stalled_client_seconds == 30.0
     assert config.drain_timeout_s == 30.0 and config.log_prompts is False
+    assert config.send_buffer_bytes == 256 * 1024
 
 
 def test_flags_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,6 +87,9 @@ def test_refused_values_name_what_is_wrong(
     )
     assert _refused(["--rate-limit-on-redis-failure", "maybe"], capsys) == (
         prefix + "--rate-limit-on-redis-failure must be 'open' or 'closed'"
+    )
+    assert _refused(["--send-buffer-bytes", "-1"], capsys) == (
+        prefix + "--send-buffer-bytes must be >= 0, got -1"
     )
     assert _refused(["--api-keys-file", "/nonexistent.toml"], capsys) == (
         prefix + "API keys file /nonexistent.toml does not exist"
