@@ -5,9 +5,8 @@ bounded (8 greedy such clients used to cost it +215 to +400 MB, never returned).
 
 What makes a stall visible at all is the gateway's bounded send buffer (--send-buffer-bytes,
 default 256 KiB; the stack here runs with 64 KiB): with the kernel's autotuning
-(`--send-buffer-bytes
-0`), each loopback connection absorbed up to 4 MiB and no write to these 100 clients blocked
-within 24 s."""
+(`--send-buffer-bytes 0`), each loopback connection absorbed up to 4 MiB and no write to these
+100 clients blocked within 24 s."""
 
 from __future__ import annotations
 
