@@ -5,6 +5,8 @@ pre-tokenised workloads (docs/benchmarks.md says what each level reports).
     layerserve bench                                  # L1, L2, L3 of `mixed` at the CPU scale
     layerserve bench --level l2 --scale tiny          # a smoke test
     layerserve bench --level l0,l1,l2,l3 --workload mixed,shared-prefix --scale full
+    layerserve bench --level l2 --workload long-context --baselines hf-static,llama-cpp
+    layerserve bench --sampling sampled               # half the rows: no greedy second row
     layerserve bench ... --update-docs                # also regenerate docs/benchmarks.md's section
 
 Writes results.json, results.md and latency_throughput.png to --out; a progress bar on
