@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.engine.attention import AttentionMetadata, paged_attention
+from services.worker.engine.attention_metadata import AttentionMetadata
+from services.worker.engine.torch_attention import TorchAttention
 from services.worker.kernels.decode_attention_host import decode_attention
 from services.worker.kernels.prefill_attention_host import prefill_attention
 from tests.kernels.attention_cases import DEVICE, assert_close
 
+TORCH = TorchAttention()
 QUERY_LENS = [1, 18, 1, 6]
 CONTEXT_LENS = [10, 18, 33, 38]  # the last chunk continues a 32-token cached prefix
 BLOCK_SIZE = 16
@@ -30,14 +32,14 @@ def _step() -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], AttentionM
     k_cache = torch.randn(shape, generator=gen).to(DEVICE)
     v_cache = torch.randn(shape, generator=gen).to(DEVICE)
     q = torch.randn((sum(QUERY_LENS), NUM_KV_HEADS * GROUP, HEAD_DIM), generator=gen).to(DEVICE)
-    attn = AttentionMetadata.build(QUERY_LENS, CONTEXT_LENS, tables, BLOCK_SIZE, DEVICE)
+    attn = TORCH.metadata(QUERY_LENS, CONTEXT_LENS, tables, BLOCK_SIZE, DEVICE)
     return q, (k_cache, v_cache), attn
 
 
 def test_prefill_kernel_over_whole_step_matches_worker() -> None:
     """Every row of a mixed step (decode rows are chunks of one) in one launch."""
     q, (k_cache, v_cache), attn = _step()
-    expected = paged_attention(q, (k_cache, v_cache), attn).double()
+    expected = TORCH.paged_attention(q, (k_cache, v_cache), attn).double()
     context_lens = torch.tensor(attn.context_lens, device=DEVICE)
     out = prefill_attention(
         q, k_cache, v_cache, attn.query_start, context_lens, attn.block_tables,
@@ -48,7 +50,7 @@ def test_prefill_kernel_over_whole_step_matches_worker() -> None:
 
 def test_decode_kernel_on_decode_group_matches_worker() -> None:
     q, (k_cache, v_cache), attn = _step()
-    expected = paged_attention(q, (k_cache, v_cache), attn).double()
+    expected = TORCH.paged_attention(q, (k_cache, v_cache), attn).double()
     group = attn.decode
     assert group is not None
     decode_seqs = [i for i, n in enumerate(attn.query_lens) if n == 1]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.worker.engine.torch_attention import apply_rotary
 from services.worker.kernels.rope import apply_rope, apply_rope_ref, rope_cos_sin
 from services.worker.model.config import Llama3RopeScaling, LlamaConfig, rope_inv_freq
-from services.worker.model.llama import RotaryEmbedding, apply_rotary
+from services.worker.model.llama import RotaryEmbedding
 from tests.kernels.small_ops_cases import DEVICE_DTYPES, tolerance
 
 MAX_POSITIONS = 4096

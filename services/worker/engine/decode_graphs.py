@@ -22,7 +22,8 @@ import time
 
 import torch
 
-from services.worker.engine.attention import AttentionMetadata, StepAttention
+from services.worker.engine.attention import AttentionBackend, StepAttention
+from services.worker.engine.attention_metadata import AttentionMetadata
 from services.worker.engine.kv_cache import PagedKVCache
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class DecodeGraphs:
         self,
         model: torch.nn.Module,
         cache: PagedKVCache,
+        backend: AttentionBackend,
         *,
         max_batch: int,
         max_model_len: int,
@@ -56,6 +58,7 @@ class DecodeGraphs:
     ) -> None:
         self._model = model
         self._cache = cache
+        self._backend = backend  # one whose metadata holds device tensors only (Triton's)
         self._sizes = capture_sizes(max_batch)
         self._max_model_len = max_model_len
         keys = cache.layer(0)[0]  # [num_blocks, block_size, Hkv, D]
@@ -188,11 +191,8 @@ class DecodeGraphs:
             slot_mapping=self._slots[:size],
             positions=self._positions[:size],
             block_size=self._cache.block_size,
-            decode=None,
-            prefills=[],
-            kernels="triton",
-            context_lens_device=self._context_lens[:size],
             max_query_len=1,
             max_context_len=longest,
+            context_lens_device=self._context_lens[:size],
         )
-        return StepAttention((group,))
+        return StepAttention((group,), self._backend)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from services.worker.engine.attention import StepAttention
+from services.worker.engine.attention import StepAttention, attention_backend
 from services.worker.engine.decode_graphs import DecodeGraphs
 from services.worker.engine.kv_cache import (
     KVCacheGroup,
@@ -20,6 +20,7 @@ from services.worker.engine.kv_cache import (
 from services.worker.engine.plan import Sampled, StepPlan
 from services.worker.engine.sampler import Sampler
 from services.worker.engine.sequences import PlanLimits, SequenceState, validate_plan
+from services.worker.engine.structured import structured_decoder
 from services.worker.kernel_choice import check_kernel_device, resolve_kernels
 from services.worker.model.loaded import LoadedModel
 from services.worker.model.quant import quantize_loaded
@@ -60,11 +61,15 @@ class ModelRunner:
         self._model = loaded.model
         self._cache = kv_cache
         self._sampler = Sampler()
+        self._structured = structured_decoder(loaded)  # constrained rows' grammars and masks
         self._max_model_len = max_model_len
         self._model_name = model_name
         self._device = loaded.model.embed_tokens.device
         self._dtype = loaded.model.embed_tokens.dtype
-        self._kernels = resolve_kernels(kernels, self._device, loaded.config.head_dim)
+        # The one place the kernel choice is read: from here on the backend object decides.
+        self._backend = attention_backend(
+            resolve_kernels(kernels, self._device, loaded.config.head_dim)
+        )
         self._requests: dict[str, SequenceState] = {}
         self._limits = PlanLimits(
             block_size=kv_cache.block_size,
@@ -75,10 +80,11 @@ class ModelRunner:
         )
         self._graphs: DecodeGraphs | None = None
         one_group = len(kv_cache.groups) == 1  # the graphs' static buffers hold one table
-        if cuda_graph_max_batch > 0 and self._kernels == "triton" and one_group:
+        if cuda_graph_max_batch > 0 and self._backend.supports_decode_graphs and one_group:
             self._graphs = DecodeGraphs(
                 self._model,
                 kv_cache,
+                self._backend,
                 max_batch=cuda_graph_max_batch,
                 max_model_len=max_model_len,
                 hidden_size=loaded.config.hidden_size,
@@ -201,7 +207,7 @@ class ModelRunner:
     @property
     def kernels(self) -> str:
         """Who runs attention and KV cache writes: "triton" or "torch"."""
-        return self._kernels
+        return self._backend.name
 
     @property
     def model_name(self) -> str:
@@ -219,6 +225,7 @@ class ModelRunner:
         validate_plan(plan, self._requests, self._limits)
         for request_id in plan.finished_ids:
             self._requests.pop(request_id, None)
+        self._structured.drop(plan.finished_ids)
         scheduled = self._apply(plan)
         if not scheduled:
             return []
@@ -238,6 +245,7 @@ class ModelRunner:
                 sampling=seq.sampling,
             )
             self._requests[seq.request_id] = state
+            self._structured.add(seq.request_id, seq.sampling.structured, state.output_token_ids)
             scheduled.append(_Scheduled(state, seq.num_new_tokens))
         for diff in plan.running:
             state = self._requests[diff.request_id]
@@ -283,19 +291,22 @@ class ModelRunner:
             ],
             block_size=self._cache.block_size,
             device=self._device,
-            kernels=self._kernels,
+            backend=self._backend,
         )
         tokens = torch.tensor(input_ids, dtype=torch.int64, device=self._device)
         hidden = self._model(tokens, attn.positions, attn, self._cache)  # [T, d]
         return hidden, attn.query_start[1:] - 1
 
     def _sample(self, logits: torch.Tensor, states: list[SequenceState]) -> list[Sampled]:
+        masks = self._structured.masks([s.request_id for s in states], logits.device)
         out = self._sampler.sample(
             logits,
             [s.sampling for s in states],
             [s.token_ids[: s.num_prompt_tokens] for s in states],
             [s.output_token_ids for s in states],
+            allowed=masks.allowed if masks is not None else None,
         )
+        errors = self._structured.advance(masks, out.token_ids)  # rows whose constraint failed
         results = []
         for i, state in enumerate(states):
             token = out.token_ids[i]
@@ -306,6 +317,7 @@ class ModelRunner:
                     token_id=token,
                     logprob=out.logprobs[i],
                     top_logprobs=out.top_logprobs[i],
+                    error=errors.get(i),
                 )
             )
         return results

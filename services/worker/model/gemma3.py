@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.worker.engine.attention import StepAttention, paged_attention, write_kv
+from services.worker.engine.attention import StepAttention
 from services.worker.engine.kv_cache import PagedKVCache
+from services.worker.engine.torch_attention import apply_rotary
 from services.worker.model.gemma3_config import FULL, SLIDING, Gemma3Config
-from services.worker.model.llama import apply_rotary
 from services.worker.model.weights import copy_hf_weights
 
 
@@ -96,8 +96,8 @@ class Gemma3Attention(nn.Module):
         if self.q_scale != 1.0:
             q = q * self.q_scale
         group = attn.for_group(kv_cache.group_of(self.layer))
-        write_kv(kv_cache, self.layer, k, v, group)
-        out = paged_attention(q, kv_cache.layer(self.layer), group, window=self.window)
+        attn.backend.write_kv(kv_cache, self.layer, k, v, group)
+        out = attn.backend.paged_attention(q, kv_cache.layer(self.layer), group, self.window)
         return F.linear(out.reshape(tokens, self.q_size), self.o_proj)
 
 
@@ -180,7 +180,7 @@ class Gemma3Model(nn.Module):
         kv_cache: PagedKVCache,
     ) -> torch.Tensor:
         """input_ids, positions: [T] (several sequences flattened) -> final-normed hidden [T, d]."""
-        if attn.kernels != "torch":
+        if not attn.backend.supports_sliding_window:
             raise ValueError("Gemma 3 runs on the torch attention path only (head_dim 256)")
         x = F.embedding(input_ids, self.embed_tokens) * self.embed_scale  # [T, d]
         rotary = {kind: tables(positions, x.dtype) for kind, tables in self.rope.items()}

@@ -2,9 +2,9 @@
 
 Weights use Hugging Face's layout and RoPE convention (rotate_half); loaders convert to it.
 q/k/v and gate/up projections are fused so each layer issues fewer, larger matmuls, which is
-what matters at small batch on CPU. With attn.kernels == "triton" the norms, RoPE, SiLU-mul,
-KV cache writes and attention run as Triton kernels (services/worker/kernels/), imported only
-then: a torch-only worker never loads Triton."""
+what matters at small batch on CPU. The norms, RoPE, SiLU-mul, KV cache writes and attention
+run on the step's attention backend (attn.backend: torch ops or the Triton kernels, chosen once
+at start-up; engine/attention.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.worker.engine.attention import StepAttention, paged_attention, write_kv
+from services.worker.engine.attention import TORCH, AttentionBackend, StepAttention
 from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.model.config import LlamaConfig, rope_inv_freq
 from services.worker.model.weights import copy_hf_weights
@@ -32,15 +32,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = _weight(dim, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor, kernels: str = "torch") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, backend: AttentionBackend = TORCH) -> torch.Tensor:
         """x: [T, d] -> [T, d]; the statistic in float32 as HF does, for low-precision dtypes."""
-        if kernels == "triton":
-            from services.worker.kernels.rms_norm import rms_norm
-
-            return rms_norm(x, self.weight, self.eps)
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return backend.rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -64,13 +58,6 @@ class RotaryEmbedding(nn.Module):
         )
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, D], cos/sin: [T, 1, D] -> rotated x [T, heads, D] (HF rotate_half)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
 class LlamaAttention(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int, dtype: torch.dtype, device: torch.device):
         super().__init__()
@@ -90,24 +77,20 @@ class LlamaAttention(nn.Module):
         attn: StepAttention,
         kv_cache: PagedKVCache,
     ) -> torch.Tensor:
-        """x: [T, d] (normed) -> [T, d]. rotary: cos/sin [T, 1, D] of each token, or with
-        triton kernels the whole [P, D] tables, read at attn.positions by the kernel."""
+        """x: [T, d] (normed) -> [T, d]. rotary: what attn.backend.rotary() made of the cos/sin
+        tables (torch: [T, 1, D] of each token; Triton: the whole [P, D] tables)."""
         tokens = x.shape[0]
         qkv = F.linear(x, self.qkv_proj)  # [T, (H + 2 Hkv) * D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)  # [T, H, D]
         k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if attn.kernels == "triton":
-            from services.worker.kernels.rope import apply_rope
-
-            q, k = apply_rope(q, k, attn.positions, *rotary, inplace=True)  # in qkv, no copy
-        else:
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        backend = attn.backend
+        q, k = backend.apply_rope(q, k, attn.positions, rotary)
         # New K/V go into the cache first, so every query attends only through the cache.
         group = attn.for_group(kv_cache.group_of(self.layer))
-        write_kv(kv_cache, self.layer, k, v, group)
-        out = paged_attention(q, kv_cache.layer(self.layer), group)  # [T, H, D]
+        backend.write_kv(kv_cache, self.layer, k, v, group)
+        out = backend.paged_attention(q, kv_cache.layer(self.layer), group)  # [T, H, D]
         return F.linear(out.reshape(tokens, self.q_size), self.o_proj)
 
 
@@ -119,15 +102,10 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = _weight(2 * ffn, d, dtype=dtype, device=device)
         self.down_proj = _weight(d, ffn, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor, kernels: str = "torch") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         """SwiGLU: x [T, d] -> [T, d]."""
         gate_up = F.linear(x, self.gate_up_proj)  # [T, 2I]: gate | up
-        if kernels == "triton":
-            from services.worker.kernels.silu_mul import silu_mul
-
-            return F.linear(silu_mul(gate_up), self.down_proj)
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj)
+        return F.linear(backend.silu_mul(gate_up), self.down_proj)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -147,9 +125,9 @@ class LlamaDecoderLayer(nn.Module):
         cache: PagedKVCache,
     ) -> torch.Tensor:
         """Pre-norm residual block: x [T, d] -> [T, d]."""
-        kernels = attn.kernels
-        x = x + self.self_attn(self.input_layernorm(x, kernels), rotary, attn, cache)
-        return x + self.mlp(self.post_attention_layernorm(x, kernels), kernels)
+        backend = attn.backend
+        x = x + self.self_attn(self.input_layernorm(x, backend), rotary, attn, cache)
+        return x + self.mlp(self.post_attention_layernorm(x, backend), backend)
 
 
 class LlamaModel(nn.Module):
@@ -188,13 +166,10 @@ class LlamaModel(nn.Module):
 
         positions drive RoPE; attn (its slot mapping and block tables) drives the cache."""
         x = F.embedding(input_ids, self.embed_tokens)  # [T, d]
-        if attn.kernels == "triton":
-            rotary = (self.rope.cos, self.rope.sin)  # [P, D] float32, the kernel looks up rows
-        else:
-            rotary = self.rope(positions, x.dtype)  # cos, sin [T, 1, D]
+        rotary = attn.backend.rotary(self.rope.cos, self.rope.sin, positions, x.dtype)
         for layer in self.layers:
             x = layer(x, rotary, attn, kv_cache)
-        return self.norm(x, attn.kernels)
+        return self.norm(x, attn.backend)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, d] -> logits [N, V] float32 (tied embeddings unless lm_head exists)."""

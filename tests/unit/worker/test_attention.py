@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from services.worker.engine.attention import AttentionMetadata, paged_attention
+from services.worker.engine import attention
+from services.worker.engine.attention import StepAttention, attention_backend
 from services.worker.engine.kv_cache import PagedKVCache, num_blocks_for_bytes
+from services.worker.engine.torch_attention import TorchAttention
 from services.worker.model.config import LlamaConfig
+from services.worker.model.gemma3 import Gemma3Model
+from services.worker.model.gemma3_config import Gemma3Config, pattern_layer_types
 
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 8, 4
+TORCH = TorchAttention()
+CPU = torch.device("cpu")
 CONFIG = LlamaConfig(
     vocab_size=10, hidden_size=HEADS * DIM, intermediate_size=8, num_layers=1, num_heads=HEADS,
     num_kv_heads=KV_HEADS, head_dim=DIM, rope_theta=10000.0, rms_norm_eps=1e-5,
@@ -37,9 +44,9 @@ def test_mixed_batch_matches_dense() -> None:
     full_v = [torch.randn(p + n, KV_HEADS, DIM, generator=g) for p, n, _ in seqs]
     for (past, _, table), k, v in zip(seqs, full_k, full_v, strict=True):
         if past:  # an earlier step stored the prefix
-            prior = AttentionMetadata.build([past], [past], [table], BLOCK, torch.device("cpu"))
+            prior = TORCH.metadata([past], [past], [table], BLOCK, torch.device("cpu"))
             cache.write(0, k[:past], v[:past], prior.slot_mapping)
-    attn = AttentionMetadata.build(
+    attn = TORCH.metadata(
         [n for _, n, _ in seqs], [p + n for p, n, _ in seqs], [t for *_, t in seqs], BLOCK,
         torch.device("cpu"),
     )  # fmt: skip
@@ -47,7 +54,7 @@ def test_mixed_batch_matches_dense() -> None:
     new_v = torch.cat([v[p:] for (p, _, _), v in zip(seqs, full_v, strict=True)])
     cache.write(0, new_k, new_v, attn.slot_mapping)
     q = torch.randn(attn.num_tokens, HEADS, DIM, generator=g)
-    out = paged_attention(q, cache.layer(0), attn)
+    out = TORCH.paged_attention(q, cache.layer(0), attn)
     start = 0
     for (past, n, _), k, v in zip(seqs, full_k, full_v, strict=True):
         expected = _dense(q[start : start + n], k, v, past)
@@ -57,7 +64,7 @@ def test_mixed_batch_matches_dense() -> None:
 
 
 def test_slot_mapping_follows_block_table() -> None:
-    attn = AttentionMetadata.build([3], [6], [[7, 2]], BLOCK, torch.device("cpu"))
+    attn = TORCH.metadata([3], [6], [[7, 2]], BLOCK, torch.device("cpu"))
     assert attn.positions.tolist() == [3, 4, 5]
     assert attn.slot_mapping.tolist() == [7 * BLOCK + 3, 2 * BLOCK + 0, 2 * BLOCK + 1]
 
@@ -65,3 +72,33 @@ def test_slot_mapping_follows_block_table() -> None:
 def test_num_blocks_for_bytes() -> None:
     per_block = 2 * 1 * BLOCK * KV_HEADS * DIM * 4
     assert num_blocks_for_bytes(CONFIG, BLOCK, torch.float32, per_block * 10 + 5) == 10
+
+
+def test_the_backend_is_chosen_by_its_resolved_name_and_builds_every_groups_layout() -> None:
+    assert attention_backend("torch") is attention.TORCH
+    with pytest.raises(ValueError, match="no attention backend 'auto'"):
+        attention_backend("auto")  # kernel_choice.py resolves auto before a backend is built
+    step = StepAttention.build([2, 1], [2, 5], [[[3], [4, 5]], [[6], [-1, 7]]], BLOCK, CPU)
+    assert step.backend is attention.TORCH
+    assert [g.slot_mapping.tolist() for g in step.groups] == [
+        [3 * BLOCK, 3 * BLOCK + 1, 5 * BLOCK],
+        [6 * BLOCK, 6 * BLOCK + 1, 7 * BLOCK],
+    ]
+    assert step.for_group(1) is step.groups[1] and step.positions.tolist() == [0, 1, 4]
+
+
+def test_gemma3_refuses_a_backend_without_sliding_windows() -> None:
+    class NoWindows(TorchAttention):
+        supports_sliding_window = False
+
+    config = Gemma3Config(
+        vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2,
+        num_kv_heads=1, head_dim=4, rope_theta=1e4, rms_norm_eps=1e-6, max_position_embeddings=16,
+        tie_word_embeddings=True, eos_token_ids=(1,), layer_types=pattern_layer_types(2, 2),
+        sliding_window=4,
+    )  # fmt: skip
+    model = Gemma3Model(config)
+    cache = PagedKVCache(config, 4, BLOCK, torch.float32, CPU)
+    step = StepAttention.build([1], [1], [[[0]]], BLOCK, CPU, backend=NoWindows())
+    with pytest.raises(ValueError, match="torch attention path only"):
+        model(torch.tensor([1]), step.positions, step, cache)

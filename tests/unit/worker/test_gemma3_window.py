@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.engine.attention import AttentionMetadata, paged_attention
 from services.worker.engine.kv_cache import PagedKVCache
+from services.worker.engine.torch_attention import TorchAttention
 from services.worker.model.config import LlamaConfig
 
 HEADS, KV_HEADS, DIM, BLOCK, WINDOW = 4, 1, 8, 4, 5
+TORCH = TorchAttention()
 CONFIG = LlamaConfig(
     vocab_size=10, hidden_size=HEADS * DIM, intermediate_size=8, num_layers=1, num_heads=HEADS,
     num_kv_heads=KV_HEADS, head_dim=DIM, rope_theta=10000.0, rms_norm_eps=1e-6,
@@ -37,9 +38,9 @@ def test_windowed_mixed_batch_matches_dense() -> None:
     full_v = [torch.randn(p + n, KV_HEADS, DIM, generator=g) for p, n, _ in seqs]
     for (past, _, table), k, v in zip(seqs, full_k, full_v, strict=True):
         if past:
-            prior = AttentionMetadata.build([past], [past], [table], BLOCK, torch.device("cpu"))
+            prior = TORCH.metadata([past], [past], [table], BLOCK, torch.device("cpu"))
             cache.write(0, k[:past], v[:past], prior.slot_mapping)
-    attn = AttentionMetadata.build(
+    attn = TORCH.metadata(
         [n for _, n, _ in seqs], [p + n for p, n, _ in seqs], [t for *_, t in seqs], BLOCK,
         torch.device("cpu"),
     )  # fmt: skip
@@ -47,8 +48,8 @@ def test_windowed_mixed_batch_matches_dense() -> None:
     new_v = torch.cat([v[p:] for (p, _, _), v in zip(seqs, full_v, strict=True)])
     cache.write(0, new_k, new_v, attn.slot_mapping)
     q = torch.randn(attn.num_tokens, HEADS, DIM, generator=g)
-    windowed = paged_attention(q, cache.layer(0), attn, window=WINDOW)
-    full = paged_attention(q, cache.layer(0), attn)
+    windowed = TORCH.paged_attention(q, cache.layer(0), attn, window=WINDOW)
+    full = TORCH.paged_attention(q, cache.layer(0), attn)
     start = 0
     for (past, n, _), k, v in zip(seqs, full_k, full_v, strict=True):
         expected = _dense_windowed(q[start : start + n], k, v, past)
@@ -60,7 +61,10 @@ def test_windowed_mixed_batch_matches_dense() -> None:
 
 
 def test_window_is_refused_on_the_triton_path() -> None:
-    attn = AttentionMetadata.build([1], [1], [[0]], BLOCK, torch.device("cpu"), kernels="triton")
+    from services.worker.engine.triton_attention import TritonAttention
+
+    triton = TritonAttention()
+    attn = triton.metadata([1], [1], [[0]], BLOCK, torch.device("cpu"))
     cache = PagedKVCache(CONFIG, 2, BLOCK, torch.float32, torch.device("cpu"))
     with pytest.raises(ValueError, match="torch path"):
-        paged_attention(torch.zeros(1, HEADS, DIM), cache.layer(0), attn, window=WINDOW)
+        triton.paged_attention(torch.zeros(1, HEADS, DIM), cache.layer(0), attn, window=WINDOW)
