@@ -11,9 +11,9 @@ from layerserve.common.v1 import common_pb2
 from layerserve.gateway.v1 import gateway_pb2
 from services.tokenizer.loader import load_tokenizer
 from services.worker.model.loader import default_path, load_model
-from services.worker.reference import greedy_generate
 from tests.e2e.conftest import MODEL
 from tests.e2e.helpers import grpc_generate
+from tests.reference_models import greedy_generate
 
 NEW_TOKENS = 12
 PROMPTS = [

@@ -7,7 +7,7 @@ from tokenizers import Tokenizer
 
 from services.worker.engine.plan import StepPlan
 from services.worker.model.loader import LoadedModel
-from services.worker.reference import greedy_generate
+from tests.reference_models import greedy_generate
 from tests.unit.worker.conftest import RunnerFactory
 from tests.unit.worker.plan_driver import Driver
 

@@ -17,12 +17,13 @@ from services.tokenizer.text_model import TextModel
 from services.worker.engine.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.plan import StepPlan
-from services.worker.gemma3_reference import dense_hidden, dense_logits
 from services.worker.model.gemma3 import Gemma3Model
 from services.worker.model.gemma3_config import FULL, SLIDING, Gemma3Config
 from services.worker.model.loader import LoadedModel, load_model
 from services.worker.model.packaged import packaged_path
-from services.worker.reference import DenseKV, greedy_generate
+from tests.reference_models import greedy_generate
+from tests.reference_models.dense_kv import DenseKV
+from tests.reference_models.gemma3_reference import dense_hidden, dense_logits
 from tests.unit.worker.plan_driver import Driver
 
 NEW_TOKENS = 8

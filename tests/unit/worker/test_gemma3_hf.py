@@ -16,11 +16,12 @@ from services.scheduler.scheduler import SchedulerLimits
 from services.worker.engine.attention import StepAttention
 from services.worker.engine.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.engine.model_runner import ModelRunner
-from services.worker.gemma3_reference import dense_hidden, dense_logits
 from services.worker.model.gemma3 import Gemma3Model
 from services.worker.model.gemma3_config import Gemma3Config
 from services.worker.model.loader import LoadedModel, load_model
-from services.worker.reference import DenseKV, greedy_generate
+from tests.reference_models import greedy_generate
+from tests.reference_models.dense_kv import DenseKV
+from tests.reference_models.gemma3_reference import dense_hidden, dense_logits
 from tests.unit.worker.plan_driver import Driver
 
 transformers = pytest.importorskip("transformers")

@@ -16,7 +16,8 @@ from services.worker.engine.model_runner import ModelRunner
 from services.worker.model.config import Llama3RopeScaling, LlamaConfig, rope_inv_freq
 from services.worker.model.gguf_loader import gguf_to_hf_rows, hf_to_gguf_rows
 from services.worker.model.loader import LoadedModel, load_model
-from services.worker.reference import dense_hidden, dense_logits, greedy_generate
+from tests.reference_models import greedy_generate
+from tests.reference_models.llama_reference import dense_hidden, dense_logits
 from tests.unit.worker.conftest import RunnerFactory
 from tests.unit.worker.plan_driver import Driver
 

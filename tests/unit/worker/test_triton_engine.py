@@ -15,7 +15,7 @@ from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.kernel_choice import resolve_kernels
 from services.worker.model.loaded import LoadedModel
-from services.worker.reference import greedy_generate
+from tests.reference_models import greedy_generate
 from tests.unit.worker.plan_driver import Driver
 from tests.unit.worker.tiny_model import CONFIG, DEVICE, random_prompts, random_tiny
 

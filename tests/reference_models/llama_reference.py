@@ -1,4 +1,4 @@
-"""A dense, unpaged reference forward pass: batch of one, a plain contiguous K/V per layer.
+"""A dense, unpaged Llama reference forward pass: batch of one, a contiguous K/V per layer.
 
 It shares the loaded weights with the engine but none of its attention or cache code, so a
 test comparing the two checks the paging, batching and chunking rather than agreeing with
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from services.worker.model.config import LlamaConfig, rope_inv_freq
 from services.worker.model.llama import LlamaDecoderLayer, LlamaModel
-from services.worker.model.loaded import LoadedModel
+from tests.reference_models.dense_kv import DenseKV
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -28,27 +28,6 @@ def _rope(x: torch.Tensor, start: int, config: LlamaConfig) -> torch.Tensor:
     first, second = x[..., : dim // 2], x[..., dim // 2 :]
     # HF rotate_half pairing: (x_i, x_{i + D/2}) rotated by angle i.
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
-
-
-class DenseKV:
-    """A growing, contiguous K/V per layer: [Hkv, T, D] tensors extended with torch.cat."""
-
-    def __init__(self, num_layers: int) -> None:
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
-
-    def extend(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Appends k, v [Hkv, n, D]; returns the layer's full K, V [Hkv, T, D]."""
-        old_k, old_v = self.keys[layer], self.values[layer]
-        self.keys[layer] = k if old_k is None else torch.cat([old_k, k], dim=1)
-        self.values[layer] = v if old_v is None else torch.cat([old_v, v], dim=1)
-        return self.keys[layer], self.values[layer]  # type: ignore[return-value]
-
-    @property
-    def length(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[1]
 
 
 def _layer(
@@ -105,26 +84,3 @@ def dense_logits(model: LlamaModel, hidden: torch.Tensor) -> torch.Tensor:
     """hidden [N, d] -> logits [N, V] float32 (tied embedding as the head if no lm_head)."""
     head = model.embed_tokens if model.lm_head is None else model.lm_head
     return hidden @ head.float().T
-
-
-def greedy_generate(
-    loaded_model: LoadedModel, prompt_ids: list[int], max_new_tokens: int
-) -> list[int]:
-    """Greedy continuation of prompt_ids: the max_new_tokens argmax tokens (no EOS stop).
-
-    A Gemma 3 model goes to its own dense reference (gemma3_reference.py)."""
-    model = loaded_model.model
-    if not isinstance(model, LlamaModel):
-        from services.worker import gemma3_reference  # imports this module: no cycle at load
-
-        return gemma3_reference.greedy_generate(model, prompt_ids, max_new_tokens)
-    kv = DenseKV(model.config.num_layers)
-    hidden = dense_hidden(model, list(prompt_ids), kv)[-1:]  # the whole prompt at once
-    generated: list[int] = []
-    for _ in range(max_new_tokens):
-        # Only the last position's logits: a [T, V] head would dominate the cost otherwise.
-        next_id = int(dense_logits(model, hidden)[0].argmax())
-        generated.append(next_id)
-        if len(generated) < max_new_tokens:
-            hidden = dense_hidden(model, [next_id], kv)
-    return generated

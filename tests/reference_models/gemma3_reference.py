@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from services.worker.model.gemma3 import Gemma3DecoderLayer, Gemma3Model
 from services.worker.model.gemma3_config import Gemma3Config
-from services.worker.reference import DenseKV
+from tests.reference_models.dense_kv import DenseKV
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -100,15 +100,3 @@ def dense_logits(model: Gemma3Model, hidden: torch.Tensor) -> torch.Tensor:
     logits = hidden @ model.embed_tokens.float().T
     cap = model.config.final_logit_softcapping
     return logits if cap is None else torch.tanh(logits / cap) * cap
-
-
-def greedy_generate(model: Gemma3Model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy continuation of prompt_ids: the max_new_tokens argmax tokens (no EOS stop)."""
-    kv = DenseKV(model.config.num_layers)
-    hidden = dense_hidden(model, list(prompt_ids), kv)[-1:]
-    generated: list[int] = []
-    for _ in range(max_new_tokens):
-        generated.append(int(dense_logits(model, hidden)[0].argmax()))
-        if len(generated) < max_new_tokens:
-            hidden = dense_hidden(model, [generated[-1]], kv)
-    return generated

@@ -1,0 +1,31 @@
+"""Dense, unpaged reference forward passes of the worker's models (batch of one, float32), for
+tests only: they share the loaded weights with the engine but none of its attention, cache or
+RoPE code, so a test comparing the two checks paging, batching and chunking rather than the
+engine agreeing with itself. Slow by design.
+
+llama_reference.py and gemma3_reference.py each give dense_hidden and dense_logits over a
+DenseKV (dense_kv.py); greedy_generate below drives whichever fits the model."""
+
+from __future__ import annotations
+
+from services.worker.model.llama import LlamaModel
+from services.worker.model.loaded import LoadedModel
+from tests.reference_models import gemma3_reference, llama_reference
+from tests.reference_models.dense_kv import DenseKV
+
+
+def greedy_generate(
+    loaded_model: LoadedModel, prompt_ids: list[int], max_new_tokens: int
+) -> list[int]:
+    """Greedy continuation of prompt_ids: the max_new_tokens argmax tokens (no EOS stop)."""
+    model = loaded_model.model
+    reference = llama_reference if isinstance(model, LlamaModel) else gemma3_reference
+    kv = DenseKV(model.config.num_layers)
+    hidden = reference.dense_hidden(model, list(prompt_ids), kv)[-1:]  # the whole prompt
+    generated: list[int] = []
+    for _ in range(max_new_tokens):
+        # Only the last position's logits: a [T, V] head would dominate the cost otherwise.
+        generated.append(int(reference.dense_logits(model, hidden)[0].argmax()))
+        if len(generated) < max_new_tokens:
+            hidden = reference.dense_hidden(model, [generated[-1]], kv)
+    return generated
