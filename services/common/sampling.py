@@ -3,11 +3,78 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from layerserve.common.v1 import common_pb2
 from services.common.errors import InvalidArgument
 
 MAX_LOGPROBS = 20
+
+StructuredKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+STRUCTURED_KINDS: tuple[StructuredKind, ...] = (
+    "json_schema",
+    "json_object",
+    "regex",
+    "choice",
+    "grammar",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on what a request may generate (common.v1.StructuredOutput).
+
+    kind "json_schema": value is the schema as JSON text; "json_object": value is ""; "regex":
+    the pattern; "choice": a tuple of the allowed strings; "grammar": Lark or GBNF text.
+    Frozen and hashable: the worker keys its compiled grammars by it."""
+
+    kind: StructuredKind
+    value: str | tuple[str, ...] = ""
+
+    def validate(self) -> None:
+        """Checks the shape (kind and value agree); whether the grammar compiles is
+        services.common.structured_output.check_structured's job."""
+        if self.kind not in STRUCTURED_KINDS:
+            raise InvalidArgument(
+                f"structured output kind must be one of {', '.join(STRUCTURED_KINDS)}, "
+                f"got {self.kind!r}",
+                param="structured",
+            )
+        if self.kind == "choice":
+            ok = (
+                isinstance(self.value, tuple)
+                and len(self.value) > 0
+                and all(isinstance(v, str) for v in self.value)
+            )
+            rule = "a non-empty list of strings"
+        elif self.kind == "json_object":
+            ok, rule = self.value == "", "empty"
+        else:
+            ok = isinstance(self.value, str) and self.value != ""
+            rule = "a non-empty string"
+        if not ok:
+            raise InvalidArgument(
+                f"structured output {self.kind} must be {rule}", param="structured"
+            )
+
+    def to_proto(self) -> common_pb2.StructuredOutput:
+        if self.kind == "choice":
+            return common_pb2.StructuredOutput(choice=common_pb2.Choices(values=self.value))
+        if self.kind == "json_object":
+            return common_pb2.StructuredOutput(json_object=True)
+        return common_pb2.StructuredOutput(**{self.kind: self.value})
+
+    @classmethod
+    def from_proto(cls, msg: common_pb2.StructuredOutput) -> StructuredOutput | None:
+        """None when no kind is set (json_object false counts as unset)."""
+        kind = msg.WhichOneof("kind")
+        if kind is None or (kind == "json_object" and not msg.json_object):
+            return None
+        if kind == "choice":
+            return cls("choice", tuple(msg.choice.values))
+        if kind == "json_object":
+            return cls("json_object")
+        return cls(kind, getattr(msg, kind))
 
 
 @dataclass(slots=True)
@@ -24,6 +91,8 @@ class SamplingOptions:
     seed: int | None = None
     # None: no logprobs. n >= 0: the sampled token's logprob and the n most likely alternatives.
     logprobs: int | None = None
+    # None: unconstrained.
+    structured: StructuredOutput | None = None
 
     def validate(self) -> None:
         """Raises InvalidArgument naming the first bad value."""
@@ -49,6 +118,8 @@ class SamplingOptions:
         for ok, name, rule in checks:
             if not ok:
                 raise InvalidArgument(f"{name} {rule}, got {getattr(self, name)!r}", param=name)
+        if self.structured is not None:
+            self.structured.validate()
 
     def to_proto(self) -> common_pb2.SamplingParams:
         msg = common_pb2.SamplingParams(
@@ -64,6 +135,8 @@ class SamplingOptions:
             msg.seed = self.seed
         if self.logprobs is not None:
             msg.logprobs = self.logprobs
+        if self.structured is not None:
+            msg.structured.CopyFrom(self.structured.to_proto())
         return msg
 
     @classmethod
@@ -78,4 +151,7 @@ class SamplingOptions:
             frequency_penalty=msg.frequency_penalty,
             seed=msg.seed if msg.HasField("seed") else None,
             logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+            structured=(
+                StructuredOutput.from_proto(msg.structured) if msg.HasField("structured") else None
+            ),
         )

@@ -100,7 +100,14 @@ class Engine:
         assert self.scheduler is not None
         updated = self.scheduler.update(result.samples)
         if updated:
-            self._emit([Output.sampled(request, sample) for request, sample in updated])
+            self._emit(
+                [
+                    Output.failed(request.request_id, sample.error)
+                    if sample.error is not None
+                    else Output.sampled(request, sample)
+                    for request, sample in updated
+                ]
+            )
 
     def _expire(self) -> None:
         assert self.scheduler is not None

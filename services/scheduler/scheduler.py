@@ -278,7 +278,8 @@ class Scheduler:
     def update(self, samples: list[Sample]) -> list[tuple[Request, Sample]]:
         """Applies a step's results: its computed blocks join the prefix cache, then its sampled
         tokens are appended. Returns the requests that got a token (finished ones carry their
-        finish_reason); tokens of requests aborted meanwhile are dropped."""
+        finish_reason) or failed (sample.error); tokens of requests aborted meanwhile are
+        dropped."""
         if self.limits.enable_prefix_caching:
             for request in self._in_flight:
                 if request.status is Status.RUNNING:
@@ -288,6 +289,10 @@ class Scheduler:
         for sample in samples:
             request = self.requests.get(sample.request_id)
             if request is None or request.status is not Status.RUNNING:
+                continue
+            if sample.error is not None:
+                self._finish(request, FinishReason.ERROR, sample.error)
+                updated.append((request, sample))
                 continue
             request.output_token_ids.append(sample.token_id)
             self.num_generation_tokens += 1

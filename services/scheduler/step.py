@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.errors import LayerserveError
 from services.scheduler.request import Request
 
 
@@ -35,6 +36,9 @@ class Sample:
     request_id: str
     token_id: int
     logprob: object | None = None  # common.v1.TokenLogprob, passed through untouched
+    # The worker could not sample this request (its output constraint failed): it ends with
+    # this error, and token_id means nothing.
+    error: LayerserveError | None = None
 
 
 @dataclass(slots=True)

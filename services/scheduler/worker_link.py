@@ -11,6 +11,7 @@ import grpc
 
 from layerserve.common.v1 import common_pb2
 from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
+from services.common.errors import error_from_code
 from services.common.grpc_util import new_channel
 from services.common.health import service_name
 from services.common.peer_health import PeerHealth
@@ -70,7 +71,12 @@ def _block_tables(tables: list[list[int]]) -> list[worker_pb2.BlockTable]:
 
 def result_from_proto(msg: worker_pb2.StepResult) -> StepResult:
     samples = [
-        Sample(s.request_id, s.token_id, s.logprob if s.HasField("logprob") else None)
+        Sample(
+            s.request_id,
+            s.token_id,
+            s.logprob if s.HasField("logprob") else None,
+            error_from_code(s.error.code, s.error.message) if s.HasField("error") else None,
+        )
         for s in msg.sampled
     ]
     error = msg.error.message if msg.HasField("error") else None

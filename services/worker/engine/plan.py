@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.errors import LayerserveError
 from services.common.sampling import SamplingOptions
 
 
@@ -47,3 +48,6 @@ class Sampled:
     token_id: int
     logprob: float | None = None  # set when the request asked for logprobs
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # most likely first
+    # Set when this sequence failed in this step (its output constraint: structured.py); then
+    # token_id means nothing and the scheduler ends the request with this error.
+    error: LayerserveError | None = None

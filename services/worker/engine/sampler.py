@@ -2,12 +2,15 @@
 
 Order per row: repetition penalty (prompt + output tokens, HF: divide positive logits,
 multiply negative ones), then presence/frequency penalties (output tokens only, OpenAI),
-then logprobs are taken, then temperature, top-k, top-p, min-p and the draw.
+then logprobs are taken, then the allowed-token mask of a constrained row (structured.py),
+then temperature, top-k, top-p, min-p and the draw.
 
 Logprobs are log_softmax of the penalised logits, before temperature and truncation (vLLM's
 "raw logprobs after penalties"): they describe the model, not the sampling knobs, so they
-stay comparable across temperatures and are finite for every token. Greedy rows take the
-exact argmax of the penalised logits.
+stay comparable across temperatures and are finite for every token. They are also taken
+before a structured-output mask, so they are the model's, not the grammar's (a top
+alternative may be a token the grammar forbids). Greedy rows take the exact argmax of the
+penalised (and masked) logits.
 
 The draw never sorts the vocabulary. Every random row takes one uniform number u and picks the
 token where u lands in the cumulative distribution of what it keeps (inverse CDF): in vocabulary
@@ -67,9 +70,13 @@ class Sampler:
         options: list[SamplingOptions],
         prompt_token_ids: list[list[int]],
         output_token_ids: list[list[int]],
+        allowed: torch.Tensor | None = None,
     ) -> SampleOutput:
         """logits [N, V] -> one token per row, with logprobs where a row asked. Rows with
-        penalties are penalised in a copy; the caller's logits are not changed."""
+        penalties are penalised in a copy; the caller's logits are not changed.
+
+        allowed [N, V] bool (None: every token): the tokens each row may take; every row
+        must allow at least one."""
         logits = logits.float()
         if _wants_penalties(options):
             logits = logits.clone()
@@ -78,6 +85,8 @@ class Sampler:
             # so that no row's distribution turns into NaN (which would fail the whole step).
             logits.clamp_(min=-MAX_LOGIT, max=MAX_LOGIT)
         logprobs = torch.log_softmax(logits, dim=-1) if _wants_logprobs(options) else None
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))  # a copy
         tokens = logits.argmax(dim=-1)  # [N], final for greedy rows
         random_rows = [i for i, o in enumerate(options) if o.temperature >= GREEDY_BELOW]
         if random_rows:

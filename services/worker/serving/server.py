@@ -15,6 +15,7 @@ import grpc
 
 from layerserve.common.v1 import common_pb2
 from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
+from services.common.errors import code_number
 from services.common.sampling import SamplingOptions
 from services.worker.config import DEFAULT_STEP_TIMEOUT_S
 from services.worker.engine.plan import NewSequence, RunningSequence, Sampled, StepPlan
@@ -80,6 +81,10 @@ def _groups_to_proto(runner: Runner) -> list[worker_pb2.KVCacheGroup]:
 
 def sampled_to_proto(sampled: Sampled) -> worker_pb2.SampledToken:
     msg = worker_pb2.SampledToken(request_id=sampled.request_id, token_id=sampled.token_id)
+    if sampled.error is not None:
+        msg.error.code = code_number(sampled.error)
+        msg.error.message = sampled.error.message
+        return msg
     if sampled.logprob is not None:
         msg.logprob.token_id = sampled.token_id
         msg.logprob.logprob = sampled.logprob
