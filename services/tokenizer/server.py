@@ -27,6 +27,7 @@ from services.tokenizer.model_catalog import ModelCatalog, ServedModel, StackVie
 from services.tokenizer.output_sink import OutputSink, error_output
 from services.tokenizer.request_events import RequestEvents, RequestListener
 from services.tokenizer.request_trace import RequestTracer
+from services.tokenizer.structured_check import check_request_structured, structured_of
 from services.tokenizer.text_model import TextModel
 from services.tokenizer.text_stream import TextStream
 from services.tokenizer.tokenize_metrics import TokenizeMetrics
@@ -142,6 +143,13 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         self._events.prompt_encoded(model_name, time.monotonic() - started)
         return ids
 
+    async def _check_structured(self, model: TextModel, sampling) -> None:
+        """A constraint whose grammar does not compile is refused here (InvalidArgument)."""
+        structured = structured_of(sampling)
+        if structured is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._pool, check_request_structured, model, structured)
+
     async def _prepare(self, request) -> tuple[str, TextModel, list[int]]:
         """Resolves the request's model (an alias picks a target) and tokenizes the prompt
         with the target's tokenizer. Returns the target, its tokenizer and the prompt ids."""
@@ -227,6 +235,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         try:
             target, model, prompt_ids = await self._prepare(request)
             check_prompt_length(len(prompt_ids), request.max_prompt_tokens)
+            await self._check_structured(model, request.sampling)
         except LayerserveError as err:
             self._fail(request_id, err, err, outbox, open_ids)
             return

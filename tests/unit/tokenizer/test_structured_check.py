@@ -1,0 +1,44 @@
+"""The tokenizer refuses a constraint that does not compile for the target's vocabulary,
+naming the client's field, before the request reaches the scheduler."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from layerserve.common.v1 import common_pb2
+from services.common.errors import InvalidArgument
+from services.common.sampling import SamplingOptions, StructuredOutput
+from services.tokenizer.loader import load_tokenizer
+from services.tokenizer.structured_check import check_request_structured, structured_of
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_tokenizer()
+
+
+def test_reads_the_constraint_from_sampling_params():
+    structured = StructuredOutput("regex", "[ab]+")
+    assert structured_of(SamplingOptions(structured=structured).to_proto()) == structured
+    assert structured_of(common_pb2.SamplingParams()) is None
+
+
+def test_a_good_schema_passes(model):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    check_request_structured(model, StructuredOutput("json_schema", json.dumps(schema)))
+
+
+@pytest.mark.parametrize(
+    ("structured", "param"),
+    [
+        (StructuredOutput("json_schema", '{"type": "nonsense"}'), "response_format"),
+        (StructuredOutput("regex", "(("), "guided_regex"),
+        (StructuredOutput("grammar", "start: missing_rule"), "guided_grammar"),
+    ],
+)
+def test_a_bad_constraint_names_its_field(model, structured, param):
+    with pytest.raises(InvalidArgument) as caught:
+        check_request_structured(model, structured)
+    assert caught.value.param == param
