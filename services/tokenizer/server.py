@@ -22,6 +22,12 @@ from services.common.health import service_name
 from services.common.mux import MuxClient, MuxProtocol, Outbox, session_batches
 from services.common.peer_health import PeerHealth
 from services.tokenizer.alias_route import AliasRoute, LengthRoute, WeightedRoute
+from services.tokenizer.chat_request import (
+    chat_messages,
+    chat_tools,
+    tool_call_parser,
+    tool_format_of,
+)
 from services.tokenizer.loader import load_tokenizer
 from services.tokenizer.model_catalog import ModelCatalog, ServedModel, StackView
 from services.tokenizer.output_sink import OutputSink, error_output
@@ -39,12 +45,18 @@ _UNSPECIFIED = common_pb2.FINISH_REASON_UNSPECIFIED
 _SHUTTING_DOWN = Unavailable("the tokenizer service is shutting down; retry shortly")
 
 
-def tokenize(model: TextModel, msg) -> list[int]:
-    """Prompt token ids of a GenerateRequest or TokenizeRequest (runs in a worker thread)."""
+def tokenize(model: TextModel, msg, tool_parser: str = "auto") -> list[int]:
+    """Prompt token ids of a GenerateRequest or TokenizeRequest (runs in a worker thread).
+    tool_parser (--tool-parser) names how the model's family is told about tools."""
     which = msg.WhichOneof("input")
     if which == "chat":
-        messages = [{"role": m.role, "content": m.content} for m in msg.chat.messages]
-        return model.encode_chat(messages, msg.chat.add_generation_prompt)
+        tools = chat_tools(msg) if isinstance(msg, tokenizer_pb2.GenerateRequest) else []
+        return model.encode_chat(
+            chat_messages(msg.chat),
+            msg.chat.add_generation_prompt,
+            tools,
+            tool_format_of(tool_parser, model),
+        )
     if which == "prompt_token_ids":
         ids = list(msg.prompt_token_ids.ids)
         model.validate_ids(ids)
@@ -81,7 +93,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         threads: int,
         catalog_ttl: float = 2.0,
         listeners: Iterable[RequestListener] | None = None,  # default: tracing and metrics
+        tool_parser: str = "auto",  # --tool-parser: the tool format, or auto per model family
     ) -> None:
+        self._tool_parser = tool_parser
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
         # Loading a tokenizer takes seconds: never in the pool that tokenizes prompts.
         self._load_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-tokenizer")
@@ -139,7 +153,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         model = await self._catalog.text_model(model_name)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        ids = await loop.run_in_executor(self._pool, tokenize, model, msg)
+        ids = await loop.run_in_executor(self._pool, tokenize, model, msg, self._tool_parser)
         self._events.prompt_encoded(model_name, time.monotonic() - started)
         return ids
 
@@ -262,7 +276,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             tenant=request.tenant,
         )
         events.submitting(request_id, submit)
-        sink = OutputSink(request_id, target, stream, outbox, open_ids, self._mux, events)
+        tool_format = tool_format_of(self._tool_parser, model)
+        tools = tool_call_parser(request.tool_call_parsing, tool_format)
+        sink = OutputSink(request_id, target, stream, outbox, open_ids, self._mux, events, tools)
         self._mux.submit(request_id, submit, sink)
 
     def _fail(
