@@ -54,21 +54,18 @@ def text_prompts(batch: int, context: int) -> list[list[int]]:
 
 
 class TimedSampler(Sampler):
-    """The runner's sampler, timed inside the real step on the real logits; on the sampled
-    steps it also times the sort-based draw it replaced (the baseline) on the same logits."""
+    """The runner's sampler, timed inside the real step on the real logits, which it keeps for
+    the baseline to be timed on afterwards, outside the step."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
-        self.baseline_seconds: list[float] = []
+        self.last: tuple | None = None
 
-    def sample(self, logits, options, prompt_token_ids, output_token_ids):
+    def sample(self, logits, options, prompt_token_ids, output_token_ids, **kwargs):
         started = time.perf_counter()
-        out = super().sample(logits, options, prompt_token_ids, output_token_ids)
+        out = super().sample(logits, options, prompt_token_ids, output_token_ids, **kwargs)
         self.seconds.append(time.perf_counter() - started)
-        if any(o.temperature > 0 for o in options):
-            started = time.perf_counter()
-            sort_based_draw(logits, options, [len(t) for t in output_token_ids])
-            self.baseline_seconds.append(time.perf_counter() - started)
+        self.last = (logits.clone(), options, [len(t) for t in output_token_ids])
         return out
 
 
@@ -101,19 +98,21 @@ def main() -> None:
     timed = runner._sampler = TimedSampler()
     greedy = _Batch(runner, prompts, "greedy")
     sampled = _Batch(runner, prompts, "sampled", options)
-    times: dict[str, list[float]] = {"greedy": [], "sampled": [], "sampler": []}
+    times: dict[str, list[float]] = {"greedy": [], "sampled": [], "sampler": [], "before": []}
     for _ in range(args.steps):
         for name, batch in (("greedy", greedy), ("sampled", sampled)):
             started = time.perf_counter()
             batch.step()
             times[name].append(time.perf_counter() - started)
-            if name == "sampled":  # the step's time less the baseline timed inside it
-                times[name][-1] -= timed.baseline_seconds[-1]
-        times["sampler"].append(timed.seconds[-1])
+        times["sampler"].append(timed.seconds[-1])  # the sampled step's
+        started = time.perf_counter()
+        sort_based_draw(*timed.last)  # the same logits, after the step
+        times["before"].append(time.perf_counter() - started)
     greedy.finish()
     sampled.finish()
-    g, s, a = (1e3 * statistics.median(times[k]) for k in ("greedy", "sampled", "sampler"))
-    b = 1e3 * statistics.median(timed.baseline_seconds)
+    g, s, a, b = (
+        1e3 * statistics.median(times[k]) for k in ("greedy", "sampled", "sampler", "before")
+    )
     load = os.getloadavg()[0]
     print(f"batch {args.batch}, context {args.context}, {args.threads} thread(s), load {load:.1f}")
     print(
