@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.tokenizer.gguf_tokenizer import default_gguf_path, load_gguf_tokenizer
+from services.tokenizer.gguf_tokenizer import default_gguf_path, load_gguf_text_model
 from services.tokenizer.hf_tokenizer import load_hf_tokenizer
 from services.tokenizer.text_model import TextModel
 
@@ -22,16 +22,16 @@ def load_tokenizer(path: str | Path | None = None) -> TextModel:
     unsupported or malformed. Loading takes seconds (GGUF parsing): do it once at startup.
     """
     if path is None:
-        return load_gguf_tokenizer(default_gguf_path())
+        return load_gguf_text_model(default_gguf_path())
     path = Path(path)
     if path.is_file() and path.suffix == ".gguf":
-        return load_gguf_tokenizer(path)
+        return load_gguf_text_model(path)
     if path.is_dir():
         if (path / "tokenizer.json").is_file():
             return load_hf_tokenizer(path)
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return load_gguf_tokenizer(ggufs[0])
+            return load_gguf_text_model(ggufs[0])
         if len(ggufs) > 1:
             raise ValueError(f"{path} holds several .gguf files; name one")
     raise FileNotFoundError(f"no tokenizer at {path} (expected a .gguf file or tokenizer.json)")

@@ -36,6 +36,7 @@ import llguidance.torch
 import torch
 
 from services.common.errors import Internal, InvalidArgument, LayerserveError
+from services.common.gguf_tokenizer import load_gguf_tokenizer
 from services.common.sampling import StructuredOutput
 from services.common.structured_output import grammar_text, grammar_tokenizer, short_error
 from services.worker.model.loaded import LoadedModel
@@ -259,10 +260,6 @@ def model_grammar_tokenizer(
     if path.is_dir():
         text = (path / "tokenizer.json").read_text(encoding="utf-8")
     else:
-        # The GGUF -> tokenizers conversion lives with the tokenizer service; importing it here
-        # (lazily, only to read the vocabulary) is the one place the worker uses its code.
-        from services.tokenizer.gguf_tokenizer import load_gguf_tokenizer
-
         text = load_gguf_tokenizer(path).tokenizer.to_str()
     return grammar_tokenizer(text, eos_token_ids, vocab_size)
 

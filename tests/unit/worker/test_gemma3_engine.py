@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from services.tokenizer.gguf_tokenizer import load_gguf_tokenizer
+from services.tokenizer.gguf_tokenizer import load_gguf_text_model
 from services.tokenizer.text_model import TextModel
 from services.worker.engine.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.engine.model_runner import ModelRunner
@@ -51,7 +51,7 @@ def gemma() -> LoadedModel:
 
 @pytest.fixture(scope="module")
 def text_model() -> TextModel:
-    return load_gguf_tokenizer(packaged_path())
+    return load_gguf_text_model(packaged_path())
 
 
 @pytest.fixture(scope="module")
