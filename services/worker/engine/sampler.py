@@ -118,19 +118,20 @@ def draw(logits: torch.Tensor, options: list[SamplingOptions], u: torch.Tensor) 
     """Penalised logits [R, V] of random rows and one uniform per row [R] -> token ids [R]."""
     device = logits.device
     temperature = torch.tensor([o.temperature for o in options], device=device)
-    scaled = logits / temperature[:, None]
     drawn = torch.empty(len(options), dtype=torch.int64, device=device)
     truncated = [i for i, o in enumerate(options) if o.top_k > 0 or o.top_p < 1 or o.min_p > 0]
     whole = sorted(set(range(len(options))) - set(truncated))
-    if whole:
-        rows = scaled[whole]
-        drawn[whole] = _inverse_cdf(torch.exp(rows - rows.amax(dim=-1, keepdim=True)), u[whole])
+    if whole:  # exp((logit - max) / T), in the copy the indexing made
+        rows = logits[whole]
+        rows.sub_(rows.amax(dim=-1, keepdim=True)).div_(temperature[whole, None]).exp_()
+        drawn[whole] = _inverse_cdf(rows, u[whole])
     missed = truncated
     for candidates in (CANDIDATES, WIDE_CANDIDATES):
         if not missed:
             return drawn
         rows = [options[i] for i in missed]
-        picked, exact = _draw_among_candidates(scaled[missed], rows, u[missed], candidates)
+        scaled = logits[missed].div_(temperature[missed, None])
+        picked, exact = _draw_among_candidates(scaled, rows, u[missed], candidates)
         drawn[missed] = picked
         missed = [missed[j] for j, ok in enumerate(exact.tolist()) if not ok]
     if missed:  # a flat distribution: the dense reference for these rows
@@ -172,9 +173,10 @@ def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cdf = weights.cumsum(dim=-1)
     target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]
     index = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    # u x total can round up to the total: then the last token with any weight.
-    last = weights.shape[1] - 1 - (weights.flip(-1) > 0).int().argmax(dim=-1)
-    return torch.minimum(index, last)
+    over = (index >= weights.shape[1]).nonzero().flatten().tolist()
+    for row in over:  # u x total rounded up to the total: the last token with any weight
+        index[row] = int(weights[row].nonzero().max())
+    return index
 
 
 def _wants_logprobs(options: list[SamplingOptions]) -> bool:
