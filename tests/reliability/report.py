@@ -15,6 +15,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from tests.reliability import hostile_clients
+
 HERE = Path(__file__).parent
 FUZZ_MODULES = ("test_malformed_http.py", "test_openapi_fuzz.py", "test_grpc_fuzz.py")
 FUZZ_MODULES += ("test_worker_fuzz.py",)
@@ -22,6 +24,7 @@ ORDER = ["load", "soak", "slow_clients", "worker_kill_replica", "worker_kill_las
 ORDER += ["worker_kill_real_model", "hung_worker", "stalled_worker", "scheduler_restart"]
 ORDER += ["tokenizer_restart", "gateway_drain", "redis_restart", "hung_redis"]
 ORDER += ["launcher_restarts", "inflight_limit", "key_concurrency_limit", "internal_auth"]
+ORDER += ["stalled_greedy_clients", "stalled_clients"]
 
 
 def load_records(directory: Path) -> list[dict[str, Any]]:
@@ -68,6 +71,7 @@ def render(all_records: list[dict[str, Any]]) -> str:
         faults = "; ".join(r.get("faults", [])) or "none"
         row = f"| {r['title']} | {faults} | {o.get('completed', 0)} | {o.get('errored', 0)} | "
         lines.append(row + f"{o.get('lost', 0)} |")
+    lines += ["", *hostile_clients.section()]
     for r in records:
         lines += ["", *_section(r)]
     lines += ["", *_bad_inputs(bad_inputs)]
