@@ -13,6 +13,7 @@ import grpc
 
 from services.common.env import env_float
 from services.common.errors import LayerserveError
+from services.common.grpc_status import grpc_code
 from services.common.internal_auth import InternalAuth
 from services.common.tls import TlsSettings
 from services.common.token_channel import TokenChannel
@@ -158,7 +159,7 @@ async def call_domain(context: grpc.aio.ServicerContext, fn: Callable[[], Awaita
     try:
         return await fn()
     except LayerserveError as err:
-        await context.abort(err.grpc_code, err.message)
+        await context.abort(grpc_code(err), err.message)
     except grpc.aio.AbortError:
         raise
     except Exception:

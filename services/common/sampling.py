@@ -1,11 +1,13 @@
-"""Sampling options shared by every hop, their validation, and their protobuf form."""
+"""Sampling options shared by every hop, and their validation.
+
+Their protobuf form is services/common/sampling_proto.py's, used by the servers: the worker's
+compute path imports this module on a machine with no protobuf (the GPU check)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from layerserve.common.v1 import common_pb2
 from services.common.errors import InvalidArgument
 
 MAX_LOGPROBS = 20
@@ -57,25 +59,6 @@ class StructuredOutput:
                 f"structured output {self.kind} must be {rule}", param="structured"
             )
 
-    def to_proto(self) -> common_pb2.StructuredOutput:
-        if self.kind == "choice":
-            return common_pb2.StructuredOutput(choice=common_pb2.Choices(values=self.value))
-        if self.kind == "json_object":
-            return common_pb2.StructuredOutput(json_object=True)
-        return common_pb2.StructuredOutput(**{self.kind: self.value})
-
-    @classmethod
-    def from_proto(cls, msg: common_pb2.StructuredOutput) -> StructuredOutput | None:
-        """None when no kind is set (json_object false counts as unset)."""
-        kind = msg.WhichOneof("kind")
-        if kind is None or (kind == "json_object" and not msg.json_object):
-            return None
-        if kind == "choice":
-            return cls("choice", tuple(msg.choice.values))
-        if kind == "json_object":
-            return cls("json_object")
-        return cls(kind, getattr(msg, kind))
-
 
 @dataclass(slots=True)
 class SamplingOptions:
@@ -120,38 +103,3 @@ class SamplingOptions:
                 raise InvalidArgument(f"{name} {rule}, got {getattr(self, name)!r}", param=name)
         if self.structured is not None:
             self.structured.validate()
-
-    def to_proto(self) -> common_pb2.SamplingParams:
-        msg = common_pb2.SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-        )
-        if self.seed is not None:
-            msg.seed = self.seed
-        if self.logprobs is not None:
-            msg.logprobs = self.logprobs
-        if self.structured is not None:
-            msg.structured.CopyFrom(self.structured.to_proto())
-        return msg
-
-    @classmethod
-    def from_proto(cls, msg: common_pb2.SamplingParams) -> SamplingOptions:
-        return cls(
-            temperature=msg.temperature,
-            top_p=msg.top_p if msg.top_p > 0 else 1.0,
-            top_k=msg.top_k,
-            min_p=msg.min_p,
-            repetition_penalty=msg.repetition_penalty if msg.repetition_penalty > 0 else 1.0,
-            presence_penalty=msg.presence_penalty,
-            frequency_penalty=msg.frequency_penalty,
-            seed=msg.seed if msg.HasField("seed") else None,
-            logprobs=msg.logprobs if msg.HasField("logprobs") else None,
-            structured=(
-                StructuredOutput.from_proto(msg.structured) if msg.HasField("structured") else None
-            ),
-        )

@@ -21,8 +21,9 @@ from layerserve.common.v1 import common_pb2
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common import tracing
 from services.common.errors import InvalidArgument, LayerserveError
+from services.common.grpc_status import grpc_code
 from services.common.grpc_util import SERVER_OPTIONS
-from services.common.sampling import SamplingOptions
+from services.common.sampling_proto import sampling_from_proto
 from services.gateway import request_span
 from services.gateway.api_keys import ApiKey
 from services.gateway.backend import Backend, ChatMessage, GenerationRequest, Tool, ToolCall
@@ -67,7 +68,7 @@ def request_from_proto(
         request_id=request_id,
         model=msg.model,
         max_tokens=msg.max_tokens,
-        sampling=SamplingOptions.from_proto(msg.sampling),
+        sampling=sampling_from_proto(msg.sampling),
         stop=list(msg.stop),
         ignore_eos=msg.ignore_eos,
         trace_context=trace_context,
@@ -131,7 +132,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         except LayerserveError as err:
             count_error(error_code(err))
             await context.abort(
-                err.grpc_code, f"{err.message} (metadata authorization: Bearer KEY)"
+                grpc_code(err), f"{err.message} (metadata authorization: Bearer KEY)"
             )
         return key, metadata
 
@@ -161,7 +162,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             retry_after = getattr(err, "retry_after", None)
             if retry_after is not None:  # overload: say when to come back, as HTTP does
                 context.set_trailing_metadata((("retry-after", str(retry_after)),))
-            await context.abort(err.grpc_code, err.message)
+            await context.abort(grpc_code(err), err.message)
         except grpc.aio.AbortError:
             raise
         except asyncio.CancelledError:  # the client cancelled the call or went away
@@ -180,7 +181,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             models = self._door.visible_models(key, await self._backend.list_models())
         except LayerserveError as err:
             count_error(error_code(err))
-            await context.abort(err.grpc_code, err.message)
+            await context.abort(grpc_code(err), err.message)
         return gateway_pb2.ListModelsResponse(
             models=[gateway_pb2.Model(id=m.id, max_model_len=m.max_model_len) for m in models]
         )

@@ -85,9 +85,9 @@ ERRORS = metrics.counter(
     ("code",),
 )
 
-# The HTTP status of each of the stack's errors names its gRPC code one-to-one (errors.py).
+# The HTTP status of each of the stack's errors names its status code one-to-one (errors.py).
 _CODE_OF_STATUS = {
-    cls.http_status: cls.grpc_code.name.lower()
+    cls.http_status: cls.rpc_code.lower()
     for cls in (
         InvalidArgument,
         Unauthenticated,
@@ -110,7 +110,7 @@ for _limit in ("concurrent", "rate"):
 
 def error_code(error: BaseException) -> str:
     if isinstance(error, LayerserveError):
-        return error.grpc_code.name.lower()
+        return error.rpc_code.lower()
     return "internal"
 
 

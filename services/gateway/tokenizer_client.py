@@ -15,6 +15,7 @@ from services.common.errors import LayerserveError, Unavailable, error_from_code
 from services.common.grpc_util import new_channel
 from services.common.health import SERVING, service_name
 from services.common.mux import MuxClient, MuxProtocol
+from services.common.sampling_proto import sampling_to_proto
 from services.gateway import request_span
 from services.gateway.backend import (
     GenerationDelta,
@@ -38,7 +39,7 @@ def request_to_proto(
     msg = tokenizer_pb2.GenerateRequest(
         request_id=req.request_id,
         model=req.model,
-        sampling=req.sampling.to_proto(),
+        sampling=sampling_to_proto(req.sampling),
         max_tokens=req.max_tokens,
         stop=req.stop,
         stop_token_ids=req.stop_token_ids,

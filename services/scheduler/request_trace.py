@@ -176,5 +176,5 @@ class RequestTracer(SchedulerObserver):
     def finished(self, request: Request) -> None:
         trace = self.traces.pop(request.request_id)
         if trace is not None:
-            error = request.error.grpc_code.name if request.error is not None else None
+            error = request.error.rpc_code if request.error is not None else None
             trace.finish(request, error)

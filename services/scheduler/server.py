@@ -10,7 +10,7 @@ from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.errors import LayerserveError, Unavailable, code_number
 from services.common.mux import Outbox, session_batches
-from services.common.sampling import SamplingOptions
+from services.common.sampling_proto import sampling_from_proto
 from services.scheduler.alias_proto import alias_to_proto
 from services.scheduler.aliases import AliasTable
 from services.scheduler.output import Output
@@ -164,7 +164,7 @@ def submission_from_proto(msg: scheduler_pb2.Submit) -> Submission:
         model=msg.model,
         prompt_token_ids=list(msg.prompt_token_ids),
         max_tokens=msg.max_tokens,
-        sampling=SamplingOptions.from_proto(msg.sampling),
+        sampling=sampling_from_proto(msg.sampling),
         stop_token_ids=list(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
         priority=msg.priority,

@@ -15,6 +15,7 @@ from services.common.errors import error_from_code
 from services.common.grpc_util import new_channel
 from services.common.health import service_name
 from services.common.peer_health import PeerHealth
+from services.common.sampling_proto import sampling_to_proto
 from services.scheduler.kv_cache_manager import group_windows
 from services.scheduler.step import Sample, ScheduledStep, StepContexts, StepResult
 from services.scheduler.worker_info import WorkerInfo
@@ -34,7 +35,7 @@ def step_to_proto(
                 num_prompt_tokens=request.num_prompt_tokens,
                 num_computed_tokens=request.num_computed_tokens - num_new,
                 num_new_tokens=num_new,
-                sampling=request.sampling.to_proto(),
+                sampling=sampling_to_proto(request.sampling),
                 trace=common_pb2.TraceContext(carrier=request.trace_context),
                 block_tables=_block_tables(request.block_tables),
             )

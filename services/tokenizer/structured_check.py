@@ -11,6 +11,7 @@ from llguidance import LLTokenizer
 
 from layerserve.common.v1 import common_pb2
 from services.common.sampling import StructuredOutput
+from services.common.sampling_proto import structured_from_proto
 from services.common.structured_output import check_structured, grammar_tokenizer
 from services.tokenizer.text_model import TextModel
 
@@ -31,7 +32,7 @@ _lock = threading.Lock()
 def structured_of(sampling: common_pb2.SamplingParams) -> StructuredOutput | None:
     if not sampling.HasField("structured"):
         return None
-    return StructuredOutput.from_proto(sampling.structured)
+    return structured_from_proto(sampling.structured)
 
 
 def check_request_structured(model: TextModel, structured: StructuredOutput) -> None:

@@ -30,16 +30,20 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import llguidance
-import llguidance.torch
 import torch
 
 from services.common.errors import Internal, InvalidArgument, LayerserveError
-from services.common.gguf_tokenizer import load_gguf_tokenizer
 from services.common.sampling import StructuredOutput
-from services.common.structured_output import grammar_text, grammar_tokenizer, short_error
 from services.worker.model.loaded import LoadedModel
+
+if TYPE_CHECKING:
+    import llguidance
+
+# llguidance (and gguf and tokenizers, for the vocabulary) are imported where a constraint is
+# first compiled or masked: a runner that is never sent one runs without them (the GPU check's
+# bare machine has only torch and triton); there a constrained request ends with an error.
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,10 @@ class GrammarCache:
             return self._tokenizer
 
     def _compile(self, structured: StructuredOutput) -> llguidance.LLMatcher:
+        import llguidance
+
+        from services.common.structured_output import grammar_text, short_error
+
         try:
             grammar = grammar_text(structured)
         except ValueError as err:
@@ -187,6 +195,8 @@ class StructuredDecoder:
         errors = dict(masks.errors)
         pairs = [(m, token_ids[i]) for i, m in zip(masks.rows, masks.matchers, strict=True)]
         if pairs:
+            from services.common.structured_output import short_error
+
             accepted = self._mask_executor().consume_token_par(pairs)
             for i, (matcher, _), ok in zip(masks.rows, pairs, accepted, strict=True):
                 if not ok or matcher.is_error():
@@ -213,6 +223,8 @@ class StructuredDecoder:
             log.exception("compiling the output constraint of %s failed", request_id)
             constraint.error = Internal("the output constraint could not be compiled")
             return
+        from services.common.structured_output import short_error
+
         matcher = template.deep_copy()
         if constraint.replay and not matcher.consume_tokens(constraint.replay):
             constraint.error = Internal(
@@ -226,6 +238,8 @@ class StructuredDecoder:
         allowed = torch.ones((num_rows, self._vocab_size), dtype=torch.bool, device=device)
         if not masks.rows:
             return allowed
+        import llguidance.torch
+
         bitmask = llguidance.torch.allocate_token_bitmask(len(masks.rows), self._vocab_size)
         llguidance.torch.fill_next_token_bitmask_par(
             self._mask_executor(), [(m, j) for j, m in enumerate(masks.matchers)], bitmask
@@ -236,6 +250,8 @@ class StructuredDecoder:
 
     def _mask_executor(self) -> llguidance.LLExecutor:
         if self._executor is None:
+            import llguidance
+
             self._executor = llguidance.LLExecutor(num_threads=self._mask_threads)
         return self._executor
 
@@ -257,6 +273,9 @@ def model_grammar_tokenizer(
 ) -> llguidance.LLTokenizer:
     """The model's vocabulary for llguidance, from the files the tokenizer service reads: a
     checkpoint directory's tokenizer.json, or the tokenizer embedded in a GGUF file."""
+    from services.common.gguf_tokenizer import load_gguf_tokenizer
+    from services.common.structured_output import grammar_tokenizer
+
     if path.is_dir():
         text = (path / "tokenizer.json").read_text(encoding="utf-8")
     else:

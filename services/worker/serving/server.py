@@ -16,7 +16,7 @@ import grpc
 from layerserve.common.v1 import common_pb2
 from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.errors import code_number
-from services.common.sampling import SamplingOptions
+from services.common.sampling_proto import sampling_from_proto
 from services.worker.config import DEFAULT_STEP_TIMEOUT_S
 from services.worker.engine.plan import NewSequence, RunningSequence, Sampled, StepPlan
 from services.worker.engine.warm_up import warm_up
@@ -52,7 +52,7 @@ def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
                 num_computed_tokens=s.num_computed_tokens,
                 num_new_tokens=s.num_new_tokens,
                 block_tables=[list(t.block_ids) for t in s.block_tables],
-                sampling=SamplingOptions.from_proto(s.sampling),
+                sampling=sampling_from_proto(s.sampling),
             )
             for s in msg.new_sequences
         ],

@@ -10,6 +10,7 @@ import pytest
 from layerserve.common.v1 import common_pb2
 from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingOptions, StructuredOutput
+from services.common.sampling_proto import sampling_from_proto, sampling_to_proto
 from services.common.structured_output import check_structured, grammar_tokenizer
 
 GOOD = [
@@ -33,16 +34,16 @@ def llg_tokenizer():
 @pytest.mark.parametrize("structured", GOOD, ids=lambda s: s.kind)
 def test_round_trips_through_sampling_params(structured):
     options = SamplingOptions(temperature=0.5, structured=structured)
-    wire = common_pb2.SamplingParams.FromString(options.to_proto().SerializeToString())
-    assert SamplingOptions.from_proto(wire) == options
-    assert hash(SamplingOptions.from_proto(wire).structured) == hash(structured)
+    wire = common_pb2.SamplingParams.FromString(sampling_to_proto(options).SerializeToString())
+    assert sampling_from_proto(wire) == options
+    assert hash(sampling_from_proto(wire).structured) == hash(structured)
 
 
 def test_unset_means_unconstrained():
-    assert SamplingOptions.from_proto(common_pb2.SamplingParams()).structured is None
-    assert not SamplingOptions().to_proto().HasField("structured")
+    assert sampling_from_proto(common_pb2.SamplingParams()).structured is None
+    assert not sampling_to_proto(SamplingOptions()).HasField("structured")
     msg = common_pb2.SamplingParams(structured=common_pb2.StructuredOutput(json_object=False))
-    assert SamplingOptions.from_proto(msg).structured is None
+    assert sampling_from_proto(msg).structured is None
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from layerserve.common.v1 import common_pb2
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.errors import InvalidArgument
+from services.common.grpc_status import grpc_code
 from services.gateway.api_keys import KeyRing
 from services.gateway.front_door import FrontDoor
 from services.gateway.grpc_api import GatewayServicer, public_server, request_from_proto
@@ -83,7 +84,7 @@ def _grpc_outcome(fields: dict) -> str | None:
     try:
         request_from_proto(_proto(fields), "gen-1", {}, LIMITS)
     except InvalidArgument as err:
-        assert err.grpc_code == grpc.StatusCode.INVALID_ARGUMENT
+        assert grpc_code(err) == grpc.StatusCode.INVALID_ARGUMENT
         return err.param or "?"
     return None
 

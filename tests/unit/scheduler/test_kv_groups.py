@@ -12,6 +12,7 @@ import pytest
 from layerserve.worker.v1 import worker_pb2
 from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingOptions
+from services.common.sampling_proto import sampling_to_proto
 from services.scheduler.admission import ModelLimits, admit
 from services.scheduler.block_hash import block_hashes
 from services.scheduler.block_pool import BlockPool
@@ -130,7 +131,7 @@ def test_one_group_sends_one_table_per_sequence():
         num_prompt_tokens=10,
         num_new_tokens=10,
         block_tables=[worker_pb2.BlockTable(block_ids=[0, 1, 2])],
-        sampling=SamplingOptions().to_proto(),
+        sampling=sampling_to_proto(SamplingOptions()),
     ).trace.SetInParent()
     assert msg.SerializeToString() == expected.SerializeToString()
     finish_step(sched, step)

@@ -10,6 +10,7 @@ import pytest
 from layerserve.common.v1 import common_pb2
 from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingOptions, StructuredOutput
+from services.common.sampling_proto import sampling_to_proto
 from services.tokenizer.loader import load_tokenizer
 from services.tokenizer.structured_check import check_request_structured, structured_of
 
@@ -21,7 +22,7 @@ def model():
 
 def test_reads_the_constraint_from_sampling_params():
     structured = StructuredOutput("regex", "[ab]+")
-    assert structured_of(SamplingOptions(structured=structured).to_proto()) == structured
+    assert structured_of(sampling_to_proto(SamplingOptions(structured=structured))) == structured
     assert structured_of(common_pb2.SamplingParams()) is None
 
 
