@@ -1,7 +1,13 @@
 """L2: the engine in one process: the scheduler's Scheduler driving a ModelRunner directly,
-no RPC. The same decisions the services make, minus the hops."""
+no RPC. The same decisions the services make, minus the hops; with async_scheduling, the
+runner steps in a thread of its own and the next step is scheduled while it computes one, as
+the scheduler's engine loop does (services/scheduler/engine.py)."""
 
 from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from services.common.sampling import SamplingOptions
 from services.scheduler.block_pool import BlockPool
@@ -10,7 +16,7 @@ from services.scheduler.request import Request
 from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
 from services.worker.engine.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.engine.model_runner import ModelRunner
-from services.worker.engine.plan import NewSequence, RunningSequence, StepPlan
+from services.worker.engine.plan import NewSequence, RunningSequence, Sampled, StepPlan
 from services.worker.model.loader import LoadedModel
 
 MODEL = "smollm2-135m-instruct"
@@ -28,8 +34,10 @@ def make_runner(loaded: LoadedModel, num_blocks: int) -> ModelRunner:
     )
 
 
-def make_engine(loaded: LoadedModel, num_blocks: int, limits: SchedulerLimits) -> OfflineEngine:
-    return OfflineEngine(make_runner(loaded, num_blocks), limits)
+def make_engine(
+    loaded: LoadedModel, num_blocks: int, limits: SchedulerLimits, async_scheduling: bool = False
+) -> OfflineEngine:
+    return OfflineEngine(make_runner(loaded, num_blocks), limits, async_scheduling)
 
 
 def to_plan(step: ScheduledStep) -> StepPlan:
@@ -51,10 +59,17 @@ def to_plan(step: ScheduledStep) -> StepPlan:
     )
 
 
+# What a caller sees after each step's result is applied: the requests that got a token.
+OnUpdate = Callable[[list[tuple[Request, Sample]]], None]
+
+
 class OfflineEngine:
-    def __init__(self, runner: ModelRunner, limits: SchedulerLimits) -> None:
+    def __init__(
+        self, runner: ModelRunner, limits: SchedulerLimits, async_scheduling: bool = False
+    ) -> None:
         """Prefix caching is on or off as limits.enable_prefix_caching says."""
         self.runner = runner
+        self.async_scheduling = async_scheduling
         windows = tuple(group.window for group in runner.kv_cache_groups)
         pool = BlockPool(runner.num_blocks)
         kv = KVCacheManager(pool, runner.block_size, runner.fingerprint, windows)
@@ -77,9 +92,38 @@ class OfflineEngine:
         ):
             request = Request(f"r{i}", list(prompt), out_len, sample, frozenset())
             requests[request.request_id] = request
+        self.run(list(requests.values()))
+        return {rid: r.output_token_ids for rid, r in requests.items()}
+
+    def run(self, requests: list[Request], on_update: OnUpdate | None = None) -> None:
+        """Runs the requests to their end. on_update sees each step's outcome and may abort
+        requests (as the tokenizer does on a stop string)."""
+        for request in requests:
             self.scheduler.add(request)
+        if self.async_scheduling:
+            self._run_async(on_update)
+            return
         while self.scheduler.has_work():
             step = self.scheduler.schedule()
-            sampled = self.runner.execute(to_plan(step))
-            self.scheduler.update([Sample(s.request_id, s.token_id) for s in sampled])
-        return {rid: r.output_token_ids for rid, r in requests.items()}
+            self._update(self.runner.execute(to_plan(step)), on_update)
+
+    def _run_async(self, on_update: OnUpdate | None) -> None:
+        """At most one step queued behind the one the runner computes (engine.py's loop)."""
+        with ThreadPoolExecutor(1, thread_name_prefix="model-step") as pool:
+            in_flight: deque[Future[list[Sampled]]] = deque()
+            while True:
+                step = self.scheduler.schedule() if self.scheduler.has_work() else None
+                sent = step is not None and not step.is_empty
+                if sent:
+                    in_flight.append(pool.submit(self.runner.execute, to_plan(step)))
+                if not in_flight:
+                    return
+                if len(in_flight) == 2 or not sent:
+                    self._update(in_flight.popleft().result(), on_update)
+
+    def _update(self, sampled: list[Sampled], on_update: OnUpdate | None) -> None:
+        updated = self.scheduler.update(
+            [Sample(s.request_id, s.token_id, error=s.error) for s in sampled]
+        )
+        if on_update is not None:
+            on_update(updated)

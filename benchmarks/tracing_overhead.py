@@ -122,7 +122,7 @@ def _step_loop(hooks: bool, requests: int, tokens: int) -> float:
         trace = step_tracer.begin(step, step_id) if step_tracer is not None else None
         step_to_proto(step, step_id, trace.contexts if trace is not None else None)
         samples = [
-            Sample(r.request_id, 7) for r, _ in step.requests if r.num_tokens_to_compute == 0
+            Sample(r.request_id, 7) for r, _ in step.requests if r.num_output_placeholders
         ]
         if trace is not None:
             trace.end(StepResult(samples))

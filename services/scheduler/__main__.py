@@ -50,7 +50,13 @@ async def main() -> None:
     router.picker = ReplicaPicker(RoutingMode(config.routing), feed.view)
 
     def make_engine(address: str) -> Engine:
-        engine = Engine(address, limits, servicer.emit, traces=traces)
+        engine = Engine(
+            address,
+            limits,
+            servicer.emit,
+            traces=traces,
+            async_scheduling=config.async_scheduling,
+        )
         engine.cache_events = feed.listener(engine)
         return engine
 

@@ -50,6 +50,15 @@ class SchedulerConfig:
         default=True,
         help="reuse the KV blocks of shared prompt prefixes (env LAYERSERVE_PREFIX_CACHING=0)",
     )
+    # engine.py: the scheduler's host work per step overlaps the worker's step instead of
+    # adding to it (docs/benchmarks.md "Asynchronous scheduling").
+    async_scheduling: bool = setting(
+        "--async-scheduling",
+        env="ASYNC_SCHEDULING",
+        default=True,
+        help="send each engine step to the worker before the last one's result is back, so "
+        "scheduling overlaps the worker's step (env LAYERSERVE_ASYNC_SCHEDULING=0 to turn off)",
+    )
     aliases_file: str | None = setting(  # its [aliases] table is loaded at start
         "--aliases",
         env="SCHEDULER_ALIASES",

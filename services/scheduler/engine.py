@@ -1,12 +1,22 @@
 """The engine of one worker: its Scheduler, and the loop that drives the worker step by step.
 
     async def step(self) -> bool:
-        self._expire()                          # requests that waited too long to start end
-        step = self.scheduler.schedule()        # who computes how many tokens
-        if step.is_empty: return False          # (the loop waits for a submit)
-        result = await self._execute(step)      # send it; the worker computes and samples
-        self._update(result)                    # tokens appended, finishes, outputs emitted
-        return True
+        self._expire()                              # requests that waited too long to start end
+        step = self.scheduler.schedule()            # who computes how many tokens
+        if not step.is_empty:
+            await self._send(step)                  # the worker queues it behind the one it runs
+        if not self._in_flight: return False        # (the loop waits for a submit)
+        if len(self._in_flight) == self.max_steps_in_flight or step.is_empty:
+            self._update(await self._receive())     # the oldest step's tokens appended,
+        return True                                 # finishes, outputs emitted
+
+Asynchronous scheduling (max_steps_in_flight 2, the default): step n + 1 is scheduled and sent
+while the worker computes step n, so the scheduler's host work (applying step n - 1's tokens,
+emitting outputs, scheduling, protobuf, the hop) overlaps the worker's step instead of adding
+to it: steps per second approach 1 / max(host, device) rather than 1 / (host + device). The
+requests of step n + 1 that sample in step n get their token as a placeholder, which the worker
+fills in from its own sampled token (scheduler.py). Synchronous (1): each step's result is
+applied before the next is scheduled.
 
 The worker is reached through a WorkerLink (worker_link.py, the transport). When it fails, the
 engine ends its requests (UNAVAILABLE) and connects again, with a fresh Scheduler: the worker's
@@ -18,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 
 from services.common.errors import LayerserveError, Unavailable
@@ -50,7 +61,9 @@ class Engine:
         emit: Emit,
         cache_events: CacheEventListener | None = None,
         traces: RequestTraces | None = None,
+        async_scheduling: bool = True,
     ) -> None:
+        """async_scheduling: send each step before the last one's result is back (see above)."""
         self.address = address
         self.limits = limits
         self._emit = emit  # where outputs go (the server's sessions)
@@ -65,32 +78,40 @@ class Engine:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._step_id = 0
+        self.max_steps_in_flight = 2 if async_scheduling else 1
+        self._in_flight: deque[StepTrace] = deque()  # steps sent, oldest first
 
     # -- the loop ------------------------------------------------------------------------------
 
     async def step(self) -> bool:
-        """One engine step. False when there is nothing to run (the loop then waits)."""
+        """One turn of the loop: schedule and send a step, and apply the oldest step's result
+        once max_steps_in_flight are out (or nothing more can be sent). False when nothing is
+        left to run or to wait for (the loop then waits for a submit)."""
         assert self.scheduler is not None
         self._expire()  # requests that waited too long to start end
-        if not self.scheduler.has_work():
+        step = self.scheduler.schedule() if self.scheduler.has_work() else None
+        sent = step is not None and not step.is_empty
+        if sent:
+            await self._send(step)  # the worker queues it behind the step it computes
+        if not self._in_flight:
             return False
-        step = self.scheduler.schedule()  # who computes how many tokens
-        if step.is_empty:
-            return False
-        result = await self._execute(step)  # the worker computes them and samples
-        self._update(result)  # tokens appended, requests finished, outputs emitted
+        if len(self._in_flight) >= self.max_steps_in_flight or not sent:
+            self._update(await self._receive())  # tokens appended, finishes, outputs emitted
         return True
 
-    async def _execute(self, step: ScheduledStep) -> StepResult:
-        """Sends the step to the worker and waits for its result, inside the step's spans."""
+    async def _send(self, step: ScheduledStep) -> None:
+        """Sends the step to the worker; its spans stay open until its result is back."""
         assert self._stream is not None
         self._step_id += 1
         trace = self._trace_step(step)
-        try:
-            result = await self._stream.execute(step, self._step_id, trace.contexts)
-        except BaseException as exc:
-            trace.end(None, type(exc).__name__)
-            raise
+        self._in_flight.append(trace)
+        await self._stream.send(step, self._step_id, trace.contexts)
+
+    async def _receive(self) -> StepResult:
+        """Waits for the result of the oldest step in flight."""
+        assert self._stream is not None
+        result = await self._stream.receive()
+        trace = self._in_flight.popleft()
         trace.end(result)  # first: a request the step finishes ends after its prefill span
         if result.error is not None:
             raise StepRejected(f"worker rejected a step: {result.error}")
@@ -213,6 +234,10 @@ class Engine:
                 if not await self.step():
                     self._wakeup.clear()
                     await self._wakeup.wait()
+        except BaseException as exc:
+            while self._in_flight:  # steps that never came back
+                self._in_flight.popleft().end(None, type(exc).__name__)
+            raise
         finally:
             stream.close()
             self._stream = None

@@ -156,11 +156,14 @@ class KVCacheManager:
             table.extend(blocks)
         return new_blocks
 
-    def cache_computed(self, request: Request) -> None:
+    def cache_computed(self, request: Request, num_computed: int | None = None) -> None:
         """Offers the request's full, computed blocks to later requests, in every group (a
         dropped entry has nothing to offer). Call only after the step that computed them has
-        returned: a cached block may be read at once."""
-        num_full = request.num_computed_tokens // self.block_size
+        returned: a cached block may be read at once. num_computed: the tokens computed once
+        that step ran (default: request.num_computed_tokens, when no later step is in flight)."""
+        if num_computed is None:
+            num_computed = request.num_computed_tokens
+        num_full = num_computed // self.block_size
         first = request.num_cached_blocks
         if num_full <= first:
             return

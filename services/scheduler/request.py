@@ -27,7 +27,12 @@ class FinishReason(enum.Enum):
 @dataclass(slots=True)
 class Request:
     """Each request has num_computed_tokens; every step assigns it tokens so that it catches up
-    with all_token_ids (the prompt while prefilling, then the one token sampled last step)."""
+    with all_token_ids (the prompt while prefilling, then the one token sampled last step).
+
+    With asynchronous scheduling the next step is scheduled before the last one's token is
+    known: that token is a placeholder (num_output_placeholders), which the worker fills in
+    with what it sampled. It counts as a token to compute and to hold KV for, but not as
+    output until the step's result brings it."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -41,6 +46,9 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list = field(default_factory=list)
     num_computed_tokens: int = 0
+    # Tokens sampled in steps still in flight (their ids not yet back): 0 or 1 synchronously,
+    # up to 2 with one step scheduled ahead.
+    num_output_placeholders: int = 0
     # One block table per KV cache group, group 0 first (kv_cache_manager.py); empty while the
     # request holds no blocks. A sliding-window group's table has -1 for blocks it dropped.
     block_tables: list[list[int]] = field(default_factory=list)
@@ -82,7 +90,12 @@ class Request:
 
     @property
     def num_tokens_to_compute(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
+        return self.num_tokens + self.num_output_placeholders - self.num_computed_tokens
+
+    @property
+    def num_outputs_coming(self) -> int:
+        """Output tokens known or in flight: what max_tokens is checked against ahead."""
+        return len(self.output_token_ids) + self.num_output_placeholders
 
     @property
     def num_tokens_expected_to_compute(self) -> int:

@@ -20,13 +20,23 @@ first chunk's blocks alone, a long prompt would be preempted, losing its progres
 the requests already running need those blocks. The queue is bounded (add() raises
 ResourceExhausted beyond max_waiting) and so is the wait of a request that never started
 (expire() ends it after max_queue_wait_s).
+
+Asynchronous scheduling: the engine may schedule the next step before the last one's result is
+back. A request that samples in a step in flight then has a placeholder for its token
+(request.num_output_placeholders): it is scheduled to compute it, and its blocks allocated for
+it, exactly as if it were known; the worker feeds in the token it sampled. Results apply in step
+order (update() takes the oldest step in flight), and a result whose request finished, was
+aborted or was preempted after its step was sent is dropped: a request that finished in step n
+has been sent in step n + 1 too, and the token the worker samples for it there never leaves
+this class. A request whose max_tokens or context length is reached by its placeholders is not
+scheduled again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,7 +44,7 @@ from services.common.errors import DeadlineExceeded, LayerserveError, ResourceEx
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import FinishReason, Request, Status
 from services.scheduler.scheduler_events import Observers, SchedulerObserver
-from services.scheduler.step import Sample, ScheduledStep
+from services.scheduler.step import Sample, Scheduled, ScheduledStep
 from services.scheduler.waiting_queue import WaitingQueue
 from services.scheduler.worker_load import WorkerLoad
 
@@ -73,7 +83,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._never_started: dict[str, Request] = {}  # in arrival order, for expire()
-        self._in_flight: list[Request] = []  # scheduled in the step not yet updated
+        self._in_flight: deque[list[Scheduled]] = deque()  # steps sent, not yet updated
         self._forget_on_worker: list[str] = []
         self.num_steps = 0
         self.num_preemptions = 0
@@ -175,16 +185,24 @@ class Scheduler:
         self._schedule_waiting(step, budget)
         step.finished_ids.extend(self._forget_on_worker)  # preempted in this very step
         self._forget_on_worker = []
-        for request, num_new in step.new:
+        for request, num_new in step.requests:
             request.num_computed_tokens += num_new
-        for request, num_new, _ in step.running:
-            request.num_computed_tokens += num_new
-        self._in_flight = [r for r, _ in step.new] + [r for r, _, _ in step.running]
         if not step.is_empty:
+            self._in_flight.append([self._sent(request) for request, _ in step.requests])
             self.num_steps += 1
             self._pending_tokens = None
             self.events.scheduled(step, self.clock())
         return step
+
+    def _sent(self, request: Request) -> Scheduled:
+        """The request as the step leaves: a step that reaches its last token samples one, a
+        placeholder until the result brings it."""
+        samples = (
+            request.num_computed_tokens == request.num_tokens + request.num_output_placeholders
+        )
+        if samples:
+            request.num_output_placeholders += 1
+        return Scheduled(request, request.num_computed_tokens, request.num_preemptions, samples)
 
     def _schedule_running(self, step: ScheduledStep, budget: int) -> int:
         scheduled: set[str] = set()
@@ -193,6 +211,8 @@ class Scheduler:
                 break
             if request.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
+            if self._last_token_coming(request):
+                continue
             num_new = min(request.num_tokens_to_compute, budget)
             new_blocks = self._allocate_or_preempt(request, num_new, scheduled)
             if new_blocks is None:
@@ -201,6 +221,15 @@ class Scheduler:
             scheduled.add(request.request_id)
             budget -= num_new
         return budget
+
+    def _last_token_coming(self, request: Request) -> bool:
+        """A step in flight samples the request's last token (max_tokens or the context length
+        reached): it needs no other step."""
+        if not request.num_output_placeholders:
+            return False
+        if request.num_outputs_coming >= request.max_tokens:
+            return True
+        return request.num_tokens + request.num_output_placeholders >= self.max_model_len
 
     def _allocate_or_preempt(
         self, request: Request, num_new: int, scheduled: set[str]
@@ -264,6 +293,7 @@ class Scheduler:
         self.running.remove(request)
         self.kv.free(request)
         request.num_computed_tokens = 0
+        request.num_output_placeholders = 0  # tokens in flight for it are dropped on arrival
         request.status = Status.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -276,20 +306,22 @@ class Scheduler:
     # -- results -----------------------------------------------------------------------------
 
     def update(self, samples: list[Sample]) -> list[tuple[Request, Sample]]:
-        """Applies a step's results: its computed blocks join the prefix cache, then its sampled
-        tokens are appended. Returns the requests that got a token (finished ones carry their
-        finish_reason) or failed (sample.error); tokens of requests aborted meanwhile are
-        dropped."""
+        """Applies the results of the oldest step in flight: its computed blocks join the prefix
+        cache, then its sampled tokens are appended. Returns the requests that got a token
+        (finished ones carry their finish_reason) or failed (sample.error); tokens of requests
+        finished, aborted or preempted since the step was sent are dropped."""
+        sent = self._in_flight.popleft() if self._in_flight else []
+        current = {s.request.request_id: s for s in sent if s.is_current}
         if self.limits.enable_prefix_caching:
-            for request in self._in_flight:
-                if request.status is Status.RUNNING:
-                    self.kv.cache_computed(request)
-        self._in_flight = []
+            for scheduled in current.values():
+                self.kv.cache_computed(scheduled.request, scheduled.num_computed)
         updated = []
         for sample in samples:
-            request = self.requests.get(sample.request_id)
-            if request is None or request.status is not Status.RUNNING:
+            scheduled = current.get(sample.request_id)
+            if scheduled is None or not scheduled.samples:
                 continue
+            request = scheduled.request
+            request.num_output_placeholders -= 1
             if sample.error is not None:
                 self._finish(request, FinishReason.ERROR, sample.error)
                 updated.append((request, sample))
@@ -313,7 +345,7 @@ class Scheduler:
         for request in failed:
             self._finish(request, FinishReason.ERROR, error)
         self._forget_on_worker = []
-        self._in_flight = []
+        self._in_flight.clear()
         self.kv.drop_cache()
         return failed
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.common.errors import LayerserveError
-from services.scheduler.request import Request
+from services.scheduler.request import Request, Status
 
 
 @dataclass(slots=True)
@@ -29,6 +29,25 @@ class ScheduledStep:
     def requests(self) -> list[tuple[Request, int]]:
         """Every request the step computes tokens for, with how many: new ones first."""
         return [*self.new, *((r, n) for r, n, _ in self.running)]
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """One request of a step sent and not yet answered, as it stood when scheduled."""
+
+    request: Request
+    num_computed: int  # its computed tokens once the step has run (KV safe to cache then)
+    # request.num_preemptions then: a request preempted since (even if resumed already) is
+    # another run of it, and the step's token for it is stale.
+    run: int
+    samples: bool  # the step reaches its last token (or placeholder): the worker samples one
+
+    @property
+    def is_current(self) -> bool:
+        """The request still runs as it did when the step was sent (not finished, aborted or
+        preempted since)."""
+        request = self.request
+        return request.status is Status.RUNNING and request.num_preemptions == self.run
 
 
 @dataclass(slots=True)

@@ -24,10 +24,14 @@ from services.scheduler.step import ScheduledStep, StepContexts, StepResult
 
 
 def is_prefill(request: Request, num_new: int) -> bool:
-    """The step computes prompt (or recomputes known) tokens, not just the last sampled one.
-    Called after schedule(), which has already counted num_new as computed."""
+    """The step computes prompt (or recomputes known) tokens, not just the last sampled one (or
+    its placeholder). Called after schedule(), which has already counted num_new as computed
+    and, for a request the step samples, its placeholder."""
     computed_before = request.num_computed_tokens - num_new
-    return computed_before < request.num_tokens - 1 or not request.output_token_ids
+    samples = (
+        request.num_computed_tokens == request.num_tokens + request.num_output_placeholders - 1
+    )
+    return not (num_new == 1 and samples and computed_before >= request.num_prompt_tokens)
 
 
 class StepTrace:

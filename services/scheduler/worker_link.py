@@ -113,7 +113,8 @@ def _closed() -> grpc.aio.AioRpcError:
 
 
 class StepStream:
-    """One Execute call: a step out, its result back, in turn."""
+    """One Execute call: steps out, their results back in the same order. A step may be sent
+    before the last one's result is read (asynchronous scheduling): the worker queues it."""
 
     def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
         self._call = call
@@ -123,12 +124,13 @@ class StepStream:
         if self._call.done():
             raise _closed()
 
-    async def execute(
-        self, step: ScheduledStep, step_id: int, contexts: StepContexts | None
-    ) -> StepResult:
-        """Sends the step and waits for the worker's result. Raises grpc.aio.AioRpcError when
-        the stream fails or ends."""
+    async def send(self, step: ScheduledStep, step_id: int, contexts: StepContexts | None) -> None:
+        """Raises grpc.aio.AioRpcError when the stream fails or has ended."""
         await self._call.write(step_to_proto(step, step_id, contexts))
+
+    async def receive(self) -> StepResult:
+        """The result of the oldest step sent and not yet answered. Raises grpc.aio.AioRpcError
+        when the stream fails or ends."""
         result = await self._call.read()
         if result is grpc.aio.EOF:
             raise _closed()

@@ -25,7 +25,11 @@ def build_runner(config: WorkerConfig) -> Runner:
     if config.null:
         from services.worker.engine.null_runner import NullRunner
 
-        return NullRunner(block_size=config.block_size, num_blocks=config.num_blocks or 65536)
+        return NullRunner(
+            block_size=config.block_size,
+            num_blocks=config.num_blocks or 65536,
+            step_seconds=config.null_step_seconds,
+        )
     import torch
 
     from services.worker.engine.model_runner import ModelRunner

@@ -71,6 +71,14 @@ class WorkerConfig:
         negatable=False,
         help="no model: emit tokens from a fixed cycle (plumbing benchmarks)",
     )
+    null_step_seconds: float = setting(  # benchmarks/async_overlap.py
+        "--null-step-seconds",
+        env="NULL_STEP_SECONDS",
+        default=0.0,
+        check=at_least(0.0),
+        help="with --null: seconds each step sleeps on the model thread, a stand-in for the "
+        "device's time",
+    )
     step_timeout_s: float = setting(
         "--step-timeout-s",
         env="STEP_TIMEOUT_S",

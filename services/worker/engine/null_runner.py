@@ -1,11 +1,14 @@
 """A worker without a model: same protocol and bookkeeping, tokens from a fixed cycle.
 
 It measures the plumbing (scheduler, tokenizer, gateway and the hops between them) with the
-model's cost taken out: `python -m services.worker --null`.
+model's cost taken out: `python -m services.worker --null`. With step_seconds (--null-step-
+seconds) each step also spends that long asleep on the model thread, a stand-in for a device
+busy with the step while the host is free: what benchmarks/async_overlap.py overlaps.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from services.worker.engine.plan import Sampled, StepPlan
@@ -31,7 +34,12 @@ class NullRunner:
     kv_cache_groups = ()  # one group of every layer: one block table per sequence
 
     def __init__(
-        self, *, block_size: int = 16, num_blocks: int = 65536, max_model_len: int = 8192
+        self,
+        *,
+        block_size: int = 16,
+        num_blocks: int = 65536,
+        max_model_len: int = 8192,
+        step_seconds: float = 0.0,
     ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -39,6 +47,12 @@ class NullRunner:
         self.vocab_size = 49152
         self.eos_token_ids: tuple[int, ...] = ()
         self._sequences: dict[str, _Sequence] = {}
+        self.step_seconds = step_seconds  # the stand-in device's time per step that computes
+
+    def _compute(self) -> None:
+        """The device's share of a step: the thread sleeps (the GIL is free, as in a kernel)."""
+        if self.step_seconds > 0:
+            time.sleep(self.step_seconds)
 
     def execute(self, plan: StepPlan) -> list[Sampled]:
         for request_id in plan.finished_ids:
@@ -53,6 +67,8 @@ class NullRunner:
             if running.request_id not in self._sequences:
                 raise ValueError(f"unknown request {running.request_id!r}")
             scheduled.append((running.request_id, running.num_new_tokens))
+        if any(num_new for _, num_new in scheduled):
+            self._compute()
         sampled = []
         for request_id, num_new in scheduled:
             seq = self._sequences[request_id]

@@ -1,6 +1,10 @@
 """worker.v1.Worker over gRPC: protobuf in, ModelRunner.execute in a dedicated thread (the
 event loop never waits on the model), protobuf out. Also what its health reports: ready once
-the warm-up step has run, and not while a step overruns its bound (step_watch.py)."""
+the warm-up step has run, and not while a step overruns its bound (step_watch.py).
+
+A step that arrives while another runs (the scheduler schedules asynchronously: engine.py) is
+queued on the model thread at once, so the thread starts it the moment the last one ends; its
+running sequences' next input is the token the thread has just sampled for them."""
 
 from __future__ import annotations
 
@@ -167,36 +171,63 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._driven = True
         held: set[str] = set()  # its own: a stream that follows must not share it
         self._held = held
+        # Steps queued on the model thread, answered in order. A reader queues each step as it
+        # arrives (None: the scheduler closed its side).
+        queued: asyncio.Queue[asyncio.Future[worker_pb2.StepResult] | None] = asyncio.Queue()
+        reader = asyncio.ensure_future(self._queue_steps(request_iterator, held, queued))
         try:
-            async for msg in request_iterator:
-                plan = plan_from_proto(msg)
-                result = await self._traced_step(msg, plan)
-                result.step_id = msg.step_id
-                held.difference_update(plan.finished_ids)
-                if not result.HasField("error"):
-                    held.update(s.request_id for s in plan.new)
-                yield result
+            while (step := await queued.get()) is not None:
+                yield await step
+            await reader  # its error, if it failed
         finally:
             self._driven = False
-            if held:  # the scheduler went away: drop what it had us hold
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            if held:  # the scheduler went away: drop what it had us hold (after its steps)
                 dropped = len(held)
                 await self._in_step_thread(self._runner.execute, StepPlan(finished_ids=list(held)))
                 held.clear()
                 log.info("scheduler stream closed; dropped %d requests", dropped)
 
-    async def _traced_step(
+    async def _queue_steps(
+        self,
+        request_iterator: AsyncIterator[worker_pb2.StepRequest],
+        held: set[str],
+        queued: asyncio.Queue[asyncio.Future[worker_pb2.StepResult] | None],
+    ) -> None:
+        """Queues every step of the stream on the model thread as it arrives. `held` counts a
+        step's new sequences from when it is queued: a step rejected later held none of them,
+        and dropping an id the runner does not hold is harmless."""
+        try:
+            async for msg in request_iterator:
+                plan = plan_from_proto(msg)
+                held.difference_update(plan.finished_ids)
+                held.update(s.request_id for s in plan.new)
+                queued.put_nowait(self._traced_step(msg, plan))
+        finally:
+            queued.put_nowait(None)
+
+    def _traced_step(
+        self, msg: worker_pb2.StepRequest, plan: StepPlan
+    ) -> asyncio.Future[worker_pb2.StepResult]:
+        """Queues the step on the model thread now; the future is its result."""
+        return self._in_step_thread(self._run_traced_step, msg, plan)
+
+    def _run_traced_step(
         self, msg: worker_pb2.StepRequest, plan: StepPlan
     ) -> worker_pb2.StepResult:
-        """Runs the step on the model thread, inside its spans when traced (step_trace.py)."""
+        """On the model thread: the step inside its spans when traced (step_trace.py), begun
+        when the thread takes it up, not while it waits behind the step before."""
         trace = StepTrace.begin(msg)  # None: not traced
-        if trace is None:
-            return await self._in_step_thread(self._run_step, plan)
         try:
-            result = await self._in_step_thread(self._run_step, plan)
+            result = self._run_step(plan)
         except BaseException as exc:
-            trace.end(None, exc)
+            if trace is not None:
+                trace.end(None, exc)
             raise
-        trace.end(result)
+        result.step_id = msg.step_id
+        if trace is not None:
+            trace.end(result)
         return result
 
     def _run_step(self, plan: StepPlan) -> worker_pb2.StepResult:

@@ -77,7 +77,7 @@ def finish_step(sched: Scheduler, step: ScheduledStep, token: int = 7) -> list:
     """What the worker answers: `token` for every scheduled request that caught up."""
     requests = [r for r, _ in step.new] + [r for r, _, _ in step.running]
     return sched.update(
-        [Sample(r.request_id, token) for r in requests if r.num_tokens_to_compute == 0]
+        [Sample(r.request_id, token) for r in requests if r.num_output_placeholders]
     )
 
 

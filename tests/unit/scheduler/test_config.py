@@ -6,7 +6,14 @@ import pytest
 
 from services.scheduler.config import DEFAULT_WORKER, SchedulerConfig
 
-VARIABLES = ("SCHEDULER_WORKERS", "WORKER_REGISTRATION", "ADMIN_KEY", "ROUTING", "PREFIX_CACHING")
+VARIABLES = (
+    "SCHEDULER_WORKERS",
+    "WORKER_REGISTRATION",
+    "ADMIN_KEY",
+    "ROUTING",
+    "PREFIX_CACHING",
+    "ASYNC_SCHEDULING",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -54,3 +61,11 @@ def test_routing_and_prefix_caching(monkeypatch: pytest.MonkeyPatch) -> None:
     assert SchedulerConfig.from_args(["--prefix-caching"]).enable_prefix_caching is True
     with pytest.raises(ValueError, match="--max-num-batched-tokens and --max-num-seqs"):
         SchedulerConfig.from_args(["--max-num-seqs", "0"])
+
+
+def test_async_scheduling_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert SchedulerConfig.from_args([]).async_scheduling is True
+    assert SchedulerConfig.from_args(["--no-async-scheduling"]).async_scheduling is False
+    monkeypatch.setenv("LAYERSERVE_ASYNC_SCHEDULING", "0")
+    assert SchedulerConfig.from_args([]).async_scheduling is False
+    assert SchedulerConfig.from_args(["--async-scheduling"]).async_scheduling is True

@@ -51,7 +51,7 @@ def _step(scheduler: Scheduler, steps: StepTracer) -> None:
     """One engine step, traced; every request that caught up samples token 7."""
     step = scheduler.schedule()
     trace = steps.begin(step, scheduler.num_steps)
-    samples = [Sample(r.request_id, 7) for r, _ in step.requests if r.num_tokens_to_compute == 0]
+    samples = [Sample(r.request_id, 7) for r, _ in step.requests if r.num_output_placeholders]
     trace.end(StepResult(samples))
     scheduler.update(samples)
 

@@ -34,9 +34,9 @@ def make_request(rid: str, prompt_len: int, max_tokens: int = 4, priority: int =
 
 def sample_all(sched: Scheduler, step, token: int = 7) -> list:
     """Samples `token` for every scheduled request that caught up with its tokens."""
-    samples = [Sample(r.request_id, token) for r, _ in step.new if r.num_tokens_to_compute == 0]
+    samples = [Sample(r.request_id, token) for r, _ in step.new if r.num_output_placeholders]
     samples += [
-        Sample(r.request_id, token) for r, _, _ in step.running if r.num_tokens_to_compute == 0
+        Sample(r.request_id, token) for r, _, _ in step.running if r.num_output_placeholders
     ]
     return sched.update(samples)
 
