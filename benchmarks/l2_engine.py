@@ -25,7 +25,7 @@ from benchmarks.llama_cpp_baseline import (
     LlamaCppEngine,
     llama_cpp_available,
 )
-from benchmarks.offline import BLOCK_SIZE, OfflineEngine, make_runner
+from benchmarks.offline import BLOCK_SIZE, OfflineEngine, make_runner, service_async_scheduling
 from benchmarks.progress import Progress
 from benchmarks.sampling import GREEDY, Sampling, request_seeds
 from benchmarks.scales import Scale
@@ -154,7 +154,7 @@ def _add_engine(plan: L2Plan, name: str, loaded: LoadedModel, job: _Job, systems
     items = [Item(p, n) for p, n in zip(job.prompts, job.outs, strict=True)]
     runner = make_runner(loaded, _blocks_for(items, plan.scale))
     for caching in (True, False) if name == "shared-prefix" else (True,):
-        engine = OfflineEngine(runner, _limits(plan, caching))
+        engine = OfflineEngine(runner, _limits(plan, caching), service_async_scheduling())
         engine.generate(job.prompts[:2], [4, 4], options[:2])  # warm-up, excluded
         label = "layerserve" if caching else "layerserve, prefix cache off"
         systems[label] = _fresh_cache_run(engine, job.prompts, job.outs, options)

@@ -40,6 +40,14 @@ def make_engine(
     return OfflineEngine(make_runner(loaded, num_blocks), limits, async_scheduling)
 
 
+def service_async_scheduling() -> bool:
+    """The scheduler service's --async-scheduling as its environment sets it (on unless
+    LAYERSERVE_ASYNC_SCHEDULING=0): for L2 to schedule as L3's scheduler does."""
+    from services.scheduler.config import SchedulerConfig
+
+    return SchedulerConfig.from_args([]).async_scheduling
+
+
 def to_plan(step: ScheduledStep) -> StepPlan:
     return StepPlan(
         new=[

@@ -58,7 +58,9 @@ class WorkerServicer:
 
     def Execute(self, request_iterator, context):
         """One long-lived stream per scheduler: exactly one StepRequest per engine step in, one
-        StepResult per step out, in order. Closing the stream drops all requests it created.
+        StepResult per step out, in order. A step may arrive before the result of the one before
+        it has gone out (asynchronous scheduling): it runs after that one, on its state. Closing
+        the stream drops all requests it created.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
