@@ -6,8 +6,8 @@ runs once per sampling mode (benchmarks/sampling.py: `sampled` as clients do, `g
 
 A correctness gate comes first: greedy tokens of the engine equal generate()'s on the first
 `scale.gate_prompts` prompts; if they do not, no L2 number is measured. llama.cpp's greedy
-agreement is reported beside it but is not part of the gate: its quantised dot products are not
-the dequantised float32 arithmetic both other sides do."""
+agreement is reported beside it, on prompts that repeat a pattern, and is not part of the gate:
+its quantised dot products are not the dequantised float32 arithmetic both other sides do."""
 
 from __future__ import annotations
 
@@ -97,12 +97,22 @@ def correctness_gate(plan: L2Plan, loaded: LoadedModel, hf, progress: Progress) 
         gate["hf-continuous"] = f"{same_cb}/{len(items)}"
     llama = _llama_engine(plan, items)
     if llama is not None:
-        theirs = llama.generate(prompts, outs, GREEDY, [0] * len(items))
+        gate["llama-cpp"] = _llama_cpp_agreement(llama, hf, prompts, outs)
         llama.close()
-        same_ll = sum(a == b for a, b in zip(theirs, reference, strict=True))
-        gate["llama-cpp"] = f"{same_ll}/{len(items)}"
     progress.note(f"L2 correctness gate: {gate}")
     return gate
+
+
+def _llama_cpp_agreement(llama: LlamaCppEngine, hf, prompts: list[list[int]], outs: list[int]):
+    """Greedy agreement of llama.cpp with generate() on prompts that repeat a short pattern:
+    their continuation is near-certain, so only a real fault (positions, sequences, batching)
+    and not the rounding of Q4_1 dot products can change a token. On random ids the next-token
+    distribution is flat enough that rounding alone flips the argmax."""
+    patterned = [(p[:8] * (len(p) // 8 + 2))[: max(len(p), 16)] for p in prompts]
+    reference = hf_generate(hf, patterned, outs, batch_size=1)
+    theirs = llama.generate(patterned, outs, GREEDY, [0] * len(prompts))
+    same = sum(a == b for a, b in zip(theirs, reference, strict=True))
+    return f"{same}/{len(prompts)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,6 @@ llama-cpp-python builds llama.cpp from source: it is the optional extra `llama-c
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import logging
 from collections import deque
@@ -70,6 +69,7 @@ class LlamaCppEngine:
 
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # no per-load banner
         self._ll = ll
+        self.gguf = gguf
         self.budget = budget
         ll.llama_backend_init()
         model_params = ll.llama_model_default_params()
@@ -91,10 +91,8 @@ class LlamaCppEngine:
         self._batch = ll.llama_batch_init(budget.n_batch, 0, 1)
 
     def describe(self) -> str:
-        """llama.cpp's own words for the model, e.g. `llama ?B Q4_1`, and the version."""
-        buf = ctypes.create_string_buffer(128)
-        self._ll.llama_model_desc(self._model, buf, len(buf))
-        return f"{buf.value.decode()}, llama-cpp-python {llama_cpp_version()}"
+        """The GGUF's file name (its quantisation as shipped) and llama-cpp-python's version."""
+        return f"{self.gguf.name}, llama-cpp-python {llama_cpp_version()}"
 
     def close(self) -> None:
         ll = self._ll

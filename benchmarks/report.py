@@ -129,8 +129,9 @@ def _l2(l2: dict, report: dict) -> str:
         + (f"; hf-continuous {gate['hf-continuous']}" if "hf-continuous" in gate else "")
         + ("." if gate["passed"] else ": FAILED, no L2 numbers.")
         + (
-            f" llama-cpp agrees on {gate['llama-cpp']} (its quantised arithmetic differs from "
-            "the dequantised float32 both other sides run: reported, not gated)."
+            f" llama-cpp agrees on {gate['llama-cpp']} prompts that repeat a pattern (its "
+            "quantised arithmetic differs from the dequantised float32 both other sides run, "
+            "enough to flip near-ties on random ids: reported, not gated)."
             if "llama-cpp" in gate
             else ""
         ),

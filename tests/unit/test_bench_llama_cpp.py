@@ -116,3 +116,24 @@ def test_real_llama_cpp_on_the_packaged_gguf() -> None:
         assert engine.generate(prompts, lens, GREEDY, seeds=[5, 6, 7]) == greedy
     finally:
         engine.close()
+
+
+def test_real_llama_cpp_greedy_continues_a_repeated_pattern() -> None:
+    """Chunked prefill (n_batch 16) and a queue (2 sequences for 3 requests): positions,
+    sequences and batching must all be right for 12 greedy tokens to carry on each prompt's
+    pattern (transformers' generate() gives these very tokens)."""
+    pytest.importorskip("llama_cpp", reason="the llama-cpp extra builds llama.cpp from source")
+    from services.worker.model.loader import default_path
+
+    patterns = [
+        [1203, 5077, 311, 9051, 2411, 777, 30211, 1500, 6230],
+        [6230, 1500, 30211, 777, 2411, 9051, 311, 5077, 1203],
+        [2500, 8812, 341, 17020, 999],
+    ]
+    prompts = [(p * 9)[:n] for p, n in zip(patterns, (36, 40, 43), strict=True)]
+    expected = [(p * 20)[n : n + 12] for p, n in zip(patterns, (36, 40, 43), strict=True)]
+    engine = LlamaCppEngine(default_path(), LlamaCppBudget(1024, 16, 2, 1))
+    try:
+        assert engine.generate(prompts, [12] * 3, GREEDY, seeds=[0, 0, 0]) == expected
+    finally:
+        engine.close()

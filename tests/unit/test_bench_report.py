@@ -78,7 +78,7 @@ def test_markdown_has_the_machine_the_levels_and_the_numbers(tmp_path: Path) -> 
     assert "1.50 / 1.20 / 0.90" in text and "2.00 / 1.40 / 1.00" in text  # load averages
     assert "| 8 | 128 | 812 | 61 | 131 | 0.62 | 18% | n/a |" in text
     assert "4/4 prompts give identical 16 greedy tokens" in text
-    assert "llama-cpp agrees on 3/4" in text and "not gated" in text
+    assert "llama-cpp agrees on 3/4 prompts that repeat a pattern" in text and "not gated" in text
     assert "`sampled`: temperature 0.7, top_p 0.95, a seed per request" in text
     assert "| mixed | sampled | layerserve | 6 | 6.0, 6.2 | 55 | 1.83x | 0.50x |  |" in text
     assert (
