@@ -40,12 +40,13 @@ def make_engine(
     return OfflineEngine(make_runner(loaded, num_blocks), limits, async_scheduling)
 
 
-def service_async_scheduling() -> bool:
-    """The scheduler service's --async-scheduling as its environment sets it (on unless
-    LAYERSERVE_ASYNC_SCHEDULING=0): for L2 to schedule as L3's scheduler does."""
+def service_async_scheduling(device: str = "cpu") -> bool:
+    """The scheduler service's --async-scheduling as its environment sets it, for a worker on
+    `device` (auto: on for a GPU): for L2 to schedule as L3's scheduler does."""
     from services.scheduler.config import SchedulerConfig
 
-    return SchedulerConfig.from_args([]).async_scheduling
+    ahead = SchedulerConfig.from_args([]).steps_ahead()
+    return device.startswith("cuda") if ahead is None else ahead
 
 
 def to_plan(step: ScheduledStep) -> StepPlan:

@@ -55,7 +55,7 @@ async def main() -> None:
             limits,
             servicer.emit,
             traces=traces,
-            async_scheduling=config.async_scheduling,
+            async_scheduling=config.steps_ahead(),
         )
         engine.cache_events = feed.listener(engine)
         return engine

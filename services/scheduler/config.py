@@ -16,6 +16,9 @@ def _routing_mode(mode: str) -> str | None:
     return None if mode in ROUTING_MODES else f"must be one of {', '.join(ROUTING_MODES)}"
 
 
+ASYNC_SCHEDULING_CHOICES = ("auto", "on", "off")
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     host: str = setting("--host", env="SCHEDULER_HOST", default="127.0.0.1")
@@ -52,13 +55,23 @@ class SchedulerConfig:
     )
     # engine.py: the scheduler's host work per step overlaps the worker's step instead of
     # adding to it (docs/benchmarks.md "Asynchronous scheduling").
-    async_scheduling: bool = setting(
+    # auto: on for a worker that computes on a GPU, whose steps run while the host schedules;
+    # off on the CPU, where the worker's step and the host's work share the same cores and L3
+    # measured slower with it (docs/benchmarks.md "Asynchronous scheduling").
+    async_scheduling: str = setting(
         "--async-scheduling",
         env="ASYNC_SCHEDULING",
-        default=True,
+        default="auto",
+        choices=ASYNC_SCHEDULING_CHOICES,
         help="send each engine step to the worker before the last one's result is back, so "
-        "scheduling overlaps the worker's step (env LAYERSERVE_ASYNC_SCHEDULING=0 to turn off)",
+        "scheduling overlaps the worker's step: on, off, or auto (on for a GPU worker) "
+        "(env LAYERSERVE_ASYNC_SCHEDULING)",
     )
+
+    def steps_ahead(self) -> bool | None:
+        """async_scheduling for an Engine: True, False, or None (by the worker's device)."""
+        return {"on": True, "off": False}.get(self.async_scheduling)
+
     aliases_file: str | None = setting(  # its [aliases] table is loaded at start
         "--aliases",
         env="SCHEDULER_ALIASES",

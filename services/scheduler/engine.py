@@ -61,9 +61,10 @@ class Engine:
         emit: Emit,
         cache_events: CacheEventListener | None = None,
         traces: RequestTraces | None = None,
-        async_scheduling: bool = True,
+        async_scheduling: bool | None = True,
     ) -> None:
-        """async_scheduling: send each step before the last one's result is back (see above)."""
+        """async_scheduling: send each step before the last one's result is back (see above);
+        None: only to a worker that computes on a GPU (decided when it connects)."""
         self.address = address
         self.limits = limits
         self._emit = emit  # where outputs go (the server's sessions)
@@ -78,6 +79,7 @@ class Engine:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._step_id = 0
+        self._async_scheduling = async_scheduling
         self.max_steps_in_flight = 2 if async_scheduling else 1
         self._in_flight: deque[StepTrace] = deque()  # steps sent, oldest first
 
@@ -197,18 +199,24 @@ class Engine:
 
     async def _connect(self) -> None:
         info = self.info = await self.link.describe()
+        ahead = self._async_scheduling
+        if ahead is None:
+            ahead = info.device.startswith("cuda")
+        self.max_steps_in_flight = 2 if ahead else 1
         pool = BlockPool(info.num_blocks, listener=self.cache_events)
         kv = KVCacheManager(pool, info.block_size, info.model_fingerprint, info.windows)
         self.scheduler = Scheduler(
             self.limits, kv, info.max_model_len, info.eos_token_ids, observers=self._observers()
         )
         log.info(
-            "worker %s ready: model %s, %d blocks of %d tokens, KV cache group windows %s",
+            "worker %s ready: model %s, %d blocks of %d tokens, KV cache group windows %s, "
+            "asynchronous scheduling %s",
             self.address,
             info.model,
             info.num_blocks,
             info.block_size,
             info.windows,
+            "on" if ahead else "off",
         )
 
     def _observers(self) -> list[SchedulerObserver]:

@@ -63,9 +63,12 @@ def test_routing_and_prefix_caching(monkeypatch: pytest.MonkeyPatch) -> None:
         SchedulerConfig.from_args(["--max-num-seqs", "0"])
 
 
-def test_async_scheduling_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert SchedulerConfig.from_args([]).async_scheduling is True
-    assert SchedulerConfig.from_args(["--no-async-scheduling"]).async_scheduling is False
-    monkeypatch.setenv("LAYERSERVE_ASYNC_SCHEDULING", "0")
-    assert SchedulerConfig.from_args([]).async_scheduling is False
-    assert SchedulerConfig.from_args(["--async-scheduling"]).async_scheduling is True
+def test_async_scheduling_is_by_device_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert SchedulerConfig.from_args([]).steps_ahead() is None  # on for a GPU worker
+    assert SchedulerConfig.from_args(["--async-scheduling", "off"]).steps_ahead() is False
+    monkeypatch.setenv("LAYERSERVE_ASYNC_SCHEDULING", "on")
+    assert SchedulerConfig.from_args([]).steps_ahead() is True
+    assert SchedulerConfig.from_args(["--async-scheduling", "auto"]).steps_ahead() is None
+    monkeypatch.setenv("LAYERSERVE_ASYNC_SCHEDULING", "1")
+    with pytest.raises(ValueError, match="--async-scheduling must be one of"):
+        SchedulerConfig.from_args([])
