@@ -10,6 +10,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+from services.worker.engine import torch_ops
 from services.worker.engine.attention_metadata import (
     AttentionMetadata,
     DecodeGroup,
@@ -61,18 +62,19 @@ class TorchAttention:
     ) -> torch.Tensor:
         return paged_attention(q, layer_cache, attn, window)
 
+    # Norm, SiLU-mul and RoPE: torch_ops.py's, which give the references below bit for bit in
+    # fewer ops (tests/unit/worker/test_torch_ops.py).
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return rms_norm(x, weight, eps)
+        return torch_ops.rms_norm(x, weight, eps)
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return torch_ops.silu_mul(gate_up)
 
     def rotary(
         self, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, D] of each token: looked up once per step, shared by all layers."""
-        return cos[positions].unsqueeze(1).to(dtype), sin[positions].unsqueeze(1).to(dtype)
+        """cos, signed sin [T, 1, D] of each token: made once per step, shared by all layers."""
+        return torch_ops.rope_tables(cos, sin, positions, dtype)
 
     def apply_rope(
         self,
@@ -81,18 +83,20 @@ class TorchAttention:
         positions: torch.Tensor,
         rotary: tuple[torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        return torch_ops.apply_rope(q, *rotary), torch_ops.apply_rope(k, *rotary)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [T, d] -> [T, d]; the statistic in float32 as HF does, for low-precision dtypes."""
+    """The reference (torch_ops.rms_norm runs). x: [T, d] -> [T, d]; the statistic in float32
+    as HF does, for low-precision dtypes."""
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, D], cos/sin: [T, 1, D] -> rotated x [T, heads, D] (HF rotate_half)."""
+    """The reference (torch_ops.apply_rope runs; Gemma 3 uses this).
+    x: [T, heads, D], cos/sin: [T, 1, D] -> rotated x [T, heads, D] (HF rotate_half)."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
