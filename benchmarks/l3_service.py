@@ -124,7 +124,11 @@ def _stack_config(plan: L3Plan, caching: bool, log_dir: Path) -> StackConfig:
             str(s.max_num_seqs),
             "--prefix-caching" if caching else "--no-prefix-caching",
         ],
-        worker_args=["--num-blocks", str(_num_blocks(plan)), "--threads", str(plan.threads)],
+        # float32 as L2 and the baselines run (the worker's own default is the device's dtype).
+        worker_args=[
+            *("--num-blocks", str(_num_blocks(plan)), "--threads", str(plan.threads)),
+            *("--dtype", "float32"),
+        ],
         log_dir=log_dir,
         redis="off",  # one replica: nothing to route; keeps a process off the shared cores
     )

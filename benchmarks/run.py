@@ -89,7 +89,11 @@ def start_stack(args, null: bool, log_dir: Path) -> Stack:
                 "--max-num-seqs",
                 str(256 if null else args.max_num_seqs),
             ],
-            worker_args=["--num-blocks", str(args.num_blocks if not null else 65536)],
+            # float32 as L2 and transformers run (the worker's default is the device's dtype).
+            worker_args=[
+                *("--num-blocks", str(args.num_blocks if not null else 65536)),
+                *(() if null else ("--dtype", "float32")),
+            ],
             log_dir=log_dir,
         )
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ def build_runner(config: WorkerConfig) -> Runner:
     device = config.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = _with_dtype(config, device)
     if device.startswith("cuda"):
         _require_platform(device, config.dtype)
     if config.tensor_parallel_size > 1:
@@ -58,6 +60,20 @@ def build_runner(config: WorkerConfig) -> Runner:
         )
     except ValueError as e:  # a model, size or kernel choice that cannot work: one clear line
         raise SystemExit(f"worker: cannot start: {e}") from None
+
+
+def _with_dtype(config: WorkerConfig, device: str) -> WorkerConfig:
+    """config with --dtype auto resolved for `device` (dtype_choice.py), the choice logged."""
+    import torch
+
+    from services.worker.dtype_choice import resolve_dtype
+
+    try:
+        choice = resolve_dtype(config.dtype, torch.device(device))
+    except (ValueError, RuntimeError) as e:  # RuntimeError: a CUDA device that is not there
+        raise SystemExit(f"worker: cannot start: {e}") from None
+    log.info("compute dtype %s on %s (%s)", choice.dtype, device, choice.reason)
+    return dataclasses.replace(config, dtype=choice.dtype)
 
 
 def _start_tensor_parallel(config: WorkerConfig, device: str) -> Runner:

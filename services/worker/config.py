@@ -13,6 +13,7 @@ from services.common.settings import (
     read_settings,
     setting,
 )
+from services.worker.dtype_choice import DTYPE_CHOICES
 from services.worker.kernel_choice import KERNEL_CHOICES
 
 QUANTIZATION_CHOICES = ("none", "int8")  # --quantization; model/quant.py does it
@@ -20,11 +21,6 @@ QUANTIZATION_CHOICES = ("none", "int8")  # --quantization; model/quant.py does i
 # An engine step that has not returned after this long counts as hung: the worker reports
 # NOT_SERVING until a step returns. Generous: a long prefill on a CPU takes seconds.
 DEFAULT_STEP_TIMEOUT_S = 120.0
-
-
-def _dtype(dtype: str) -> str | None:
-    ok = dtype in ("float32", "bfloat16", "float16")
-    return None if ok else f"must be float32, bfloat16 or float16, got {dtype!r}"
 
 
 def _power_of_two(n: int) -> str | None:
@@ -42,7 +38,14 @@ class WorkerConfig:
     )
     model_name: str = setting("--model-name", env="MODEL_NAME", default="smollm2-135m-instruct")
     device: str = setting("--device", env="WORKER_DEVICE", default="auto")
-    dtype: str = setting("--dtype", env="WORKER_DTYPE", default="float32", check=_dtype)
+    dtype: str = setting(  # dtype_choice.py resolves auto once the device is known
+        "--dtype",
+        env="WORKER_DTYPE",
+        default="auto",
+        choices=DTYPE_CHOICES,
+        help="weights, activations and KV cache (auto: bfloat16 on CUDA and on a CPU with "
+        "AVX512-BF16 or AMX, float32 on other CPUs)",
+    )
     block_size: int = setting("--block-size", env="BLOCK_SIZE", default=16, check=_power_of_two)
     num_blocks: int | None = setting(  # None (or 0 in the environment): as --kv-cache-gb holds
         "--num-blocks",
