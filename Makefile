@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: run test install install-test protos format bench clean
+.PHONY: run test install install-test cpu-attention protos format bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +31,15 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -e '.[test,bench]'
 	touch $@
 
-install: $(VENV)/.installed
+# The C++ CPU attention (services/worker/engine/csrc/, issue 18), compiled with torch's
+# extension tooling into build/cpu_attention/ once per source, torch and CPU (~30 s on 2 cores);
+# a no-op when built. Without it the worker falls back to torch ops with a warning.
+cpu-attention: $(VENV)/.installed
+	$(PY) -m services.worker.engine.cpu_attention_ext
 
-install-test: $(VENV)/.installed-test
+install: $(VENV)/.installed cpu-attention
+
+install-test: $(VENV)/.installed-test cpu-attention
 
 run: install
 	$(PY) -m services.launcher $(ARGS)

@@ -4,11 +4,13 @@ builds it), and StepAttention: one step's layout in every KV cache group, built 
 and handed to the model with the step. The model calls attn.backend; nothing checks a string
 at run time.
 
-Two backends: torch ops (torch_attention.py, everywhere) and the Triton kernels
-(triton_attention.py, imported only when chosen)."""
+Two backends: torch ops (torch_attention.py, everywhere; on the CPU its paged attention runs in
+a C++ extension that reads the cache in place when `make install` has built it:
+cpu_attention.py) and the Triton kernels (triton_attention.py, imported only when chosen)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,6 +19,8 @@ import torch
 from services.worker.engine.attention_metadata import AttentionMetadata
 from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.engine.torch_attention import TorchAttention
+
+logger = logging.getLogger(__name__)
 
 
 class AttentionBackend(Protocol):
@@ -82,18 +86,41 @@ class AttentionBackend(Protocol):
         ...
 
 
-TORCH: AttentionBackend = TorchAttention()
+TORCH: AttentionBackend = TorchAttention()  # the reference: models' default, tests' baseline
 
 
 def attention_backend(name: str) -> AttentionBackend:
     """The backend for a resolved kernel choice ("torch" or "triton", kernel_choice.py)."""
     if name == "torch":
-        return TORCH
+        return torch_backend()
     if name == "triton":
         from services.worker.engine.triton_attention import TritonAttention
 
         return TritonAttention()
     raise ValueError(f"no attention backend {name!r}")
+
+
+def torch_backend() -> AttentionBackend:
+    """The torch backend with the C++ CPU attention when it is built, else the torch path
+    alone (it gathers every block of every sequence each step: a warning says so)."""
+    from services.worker.engine import cpu_attention_ext
+
+    try:
+        loaded = cpu_attention_ext.load()
+    except (OSError, RuntimeError) as error:  # built against another torch, or broken
+        logger.warning("CPU attention extension failed to load (%s); using torch ops", error)
+        return TORCH
+    if not loaded:
+        logger.warning(
+            "CPU attention extension not built (make install builds it: python -m "
+            "services.worker.engine.cpu_attention_ext); CPU attention gathers every block "
+            "with torch ops"
+        )
+        return TORCH
+    from services.worker.engine.cpu_attention import CpuAttention
+
+    logger.info("CPU attention: the C++ extension, reading the paged cache in place")
+    return CpuAttention()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,76 @@
+"""The torch backend with the CPU's paged attention in C++ (csrc/cpu_attention.cpp): each query
+reads its keys and values in place through the block table, where the torch path copies every
+block of every sequence into a padded tensor, every layer, every step. Decodes and prefill
+chunks of the whole batch go in one call per layer; no mask is built.
+
+Everything else (KV cache writes, norms, RoPE, SiLU-mul) is the torch path's, and so is
+attention on any other device (--kernels torch on CUDA): the torch path stays the reference this
+one is tested against (tests/unit/worker/test_cpu_attention.py)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from services.worker.engine.attention_metadata import AttentionMetadata, lay_out
+from services.worker.engine.torch_attention import TorchAttention
+
+
+class CpuAttention(TorchAttention):
+    """The AttentionBackend (attention.py) of torch ops plus the extension's paged attention on
+    the CPU. Build it only once cpu_attention_ext.load() has returned True."""
+
+    name = "torch"  # WorkerInfo.kernels: the torch path, with a native attention op on the CPU
+
+    def metadata(
+        self,
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device,
+    ) -> AttentionMetadata:
+        if device.type != "cpu":
+            return super().metadata(query_lens, context_lens, block_tables, block_size, device)
+        meta, _ = lay_out(query_lens, context_lens, block_tables, block_size, device)
+        meta.context_lens_device = torch.tensor(context_lens, dtype=torch.int64)
+        return meta
+
+    def paged_attention(
+        self,
+        q: torch.Tensor,
+        layer_cache: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        """q [T, H, D] over K/V [num_blocks, block_size, Hkv, D] (new K/V written) -> [T, H, D]."""
+        if attn.context_lens_device is None:  # laid out for another device: the torch path
+            return super().paged_attention(q, layer_cache, attn, window)
+        k_cache, v_cache = layer_cache
+        return native_paged_attention(
+            q, k_cache, v_cache, attn.query_start, attn.context_lens_device, attn.block_tables,
+            window,
+        )  # fmt: skip
+
+
+def native_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    window: int | None = None,
+) -> torch.Tensor:
+    """The extension's op (loaded by cpu_attention_ext.load()) with SDPA's 1/sqrt(D) scale.
+
+    q [T, H, D]; caches [num_blocks, block_size, Hkv, D]; query_start [S + 1], context_lens
+    [S], block_tables [S, max_blocks] int64 -> [T, H, D] in q's dtype, computed in float32."""
+    dtype = q.dtype
+    q = q.to(k_cache.dtype)
+    out = torch.ops.layerserve.paged_attention(
+        q, k_cache, v_cache, query_start, context_lens, block_tables, window or 0,
+        1.0 / math.sqrt(q.shape[-1]),
+    )  # fmt: skip
+    return out.to(dtype)

@@ -1,0 +1,103 @@
+"""The C++ CPU attention extension (csrc/cpu_attention.cpp): built once by `make install`
+(python -m services.worker.engine.cpu_attention_ext) with torch's extension tooling, loaded by
+the worker at start-up as torch.ops.layerserve.paged_attention.
+
+It is compiled for the machine that builds it (-march=native), so the build directory is keyed
+by the source, the flags, torch's version and this CPU's instruction sets: a changed source or a
+build copied from another CPU is simply not found, and the worker falls back to the torch path
+(attention.py logs a warning) instead of failing or running illegal instructions."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+NAME = "layerserve_cpu_attention"
+SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.cpp"
+BUILD_ROOT = Path(__file__).resolve().parents[3] / "build" / "cpu_attention"  # .gitignore'd
+# -fno-math-errno lets std::floor and friends vectorise; no -ffast-math: the kernel's
+# reductions are written to vectorise without reassociation, and it must keep IEEE semantics.
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
+LDFLAGS = ("-fopenmp",)
+
+
+def library_path() -> Path:
+    """Where this source, built on this CPU with this torch, lives."""
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode(),
+                 platform.machine().encode(), _cpu_flags().encode()):  # fmt: skip
+        key.update(part)
+    return BUILD_ROOT / key.hexdigest()[:16] / f"{NAME}.so"
+
+
+def build(verbose: bool = False) -> Path:
+    """Compiles the extension unless this exact build exists; returns the library's path."""
+    path = library_path()
+    if path.exists():
+        return path
+    from torch.utils import cpp_extension
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The venv's ninja (a dependency) when the venv is not on PATH, as under `make`.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    cpp_extension.load(
+        name=NAME,
+        sources=[str(SOURCE)],
+        extra_cflags=list(CFLAGS),
+        extra_ldflags=list(LDFLAGS),
+        build_directory=str(path.parent),
+        is_python_module=False,
+        verbose=verbose,
+    )
+    for stale in BUILD_ROOT.iterdir():  # earlier sources' builds: never loaded again
+        if stale != path.parent and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+    return path
+
+
+@functools.cache
+def load() -> bool:
+    """Registers torch.ops.layerserve.paged_attention if the extension is built; False if not
+    (or when the source is not there to key the build by, as in a non-editable install)."""
+    if not SOURCE.is_file():
+        return False
+    path = library_path()
+    if not path.exists():
+        return False
+    torch.ops.load_library(str(path))
+    return True
+
+
+def _cpu_flags() -> str:
+    """This CPU's instruction-set flags (what -march=native compiled for), or "" if unknown."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Build the C++ CPU attention extension.")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    existed = library_path().exists()
+    path = build(verbose=args.verbose)
+    took = "already built" if existed else f"built in {time.perf_counter() - started:.0f} s"
+    print(f"CPU attention extension: {path} ({took})")
+
+
+if __name__ == "__main__":
+    main()

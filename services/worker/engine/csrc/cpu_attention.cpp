@@ -1,0 +1,465 @@
+// Paged attention on the CPU that reads the KV cache in place through the block tables: no
+// per-step gather of every block (torch_attention.py, the reference this is tested against,
+// copies each sequence's blocks into one padded tensor per layer per step).
+//
+// One call per layer covers the whole flattened batch: decodes and prefill chunks (with a
+// cached prefix or not), GQA, sliding windows. Work items are (query tile, KV head): a tile is
+// up to QUERY_TILE tokens of one sequence, so the G query heads of a KV head and the tile's
+// tokens share every K/V row loaded. Items run on OpenMP threads (at::get_num_threads(), so
+// torch.set_num_threads governs them), longest first, dynamically scheduled.
+//
+// Per item, exact softmax in two passes over the item's key span (not online: the scores of a
+// span fit in a thread's buffer, and one max per row keeps the result closest to SDPA):
+//   1. scores S[r, t] = q_r . k_t for each row r (token, head) and key t it may see;
+//   2. per row: max, exp, sum;
+//   3. out_r = sum_t p[r, t] v_t / sum_r.
+// K and V rows in float32 or half types are widened to float32 one block at a time; all
+// arithmetic is float32.
+//
+// Built by cpu_attention_ext.py (torch.utils.cpp_extension, from `make install`) and loaded
+// with torch.ops.load_library: torch.ops.layerserve.paged_attention.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <omp.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// Tokens of one sequence per work item in a prefill chunk: 16 tokens x G heads of rows reuse
+// each K/V row from L1 while the scores buffer (rows x span floats) stays small.
+constexpr int64_t QUERY_TILE = 16;
+
+// GCC/Clang vector extensions, so the hot loops vectorise the same on AVX2 and AVX-512 without
+// -ffast-math (which would let the compiler reassociate everything and drop IEEE semantics):
+// the reductions below state their own order, lanes first.
+constexpr int64_t LANES = 16;
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 2
+#endif
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+typedef float vec_u __attribute__((vector_size(LANES * sizeof(float)), aligned(alignof(float))));
+typedef float half_vec __attribute__((vector_size(LANES / 2 * sizeof(float))));
+typedef float half_vec_u
+    __attribute__((vector_size(LANES / 2 * sizeof(float)), aligned(alignof(float))));
+typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t))));
+
+inline float widen(float x) { return x; }
+inline float widen(c10::BFloat16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+inline float widen(c10::Half x) { return static_cast<float>(x); }
+
+template <typename T>
+inline T narrow(float x) {
+  return static_cast<T>(x);  // c10's BFloat16/Half round to nearest even
+}
+
+inline vec load(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
+inline void store(float* p, vec v) { *reinterpret_cast<vec_u*>(p) = v; }
+
+inline float hsum(vec v) {
+  alignas(64) float lanes[LANES];
+  store(lanes, v);
+  half_vec h = *reinterpret_cast<const half_vec_u*>(lanes) +
+               *reinterpret_cast<const half_vec_u*>(lanes + LANES / 2);
+  float sum = 0.0f;
+  for (int64_t l = 0; l < LANES / 2; ++l) sum += h[l];
+  return sum;
+}
+
+// dim % LANES == 0 on the vector path (head dims 64, 128, 256, ...); the rest is scalar.
+inline float dot(const float* a, const float* b, int64_t dim) {
+  if (dim % LANES != 0) {
+    float sum = 0.0f;
+    for (int64_t d = 0; d < dim; ++d) sum += a[d] * b[d];
+    return sum;
+  }
+  vec acc = load(a) * load(b);
+  for (int64_t d = LANES; d < dim; d += LANES) acc += load(a + d) * load(b + d);
+  return hsum(acc);
+}
+
+// acc[d] += sum_t probs[t] * values[t * stride + d] for t < count: each 16-lane slice of acc
+// stays in a register across the keys.
+inline void accumulate(const float* probs, const float* values, int64_t stride, int64_t count,
+                       float* acc, int64_t dim) {
+  if (dim % LANES != 0) {
+    for (int64_t t = 0; t < count; ++t) {
+      for (int64_t d = 0; d < dim; ++d) acc[d] += probs[t] * values[t * stride + d];
+    }
+    return;
+  }
+  for (int64_t d = 0; d < dim; d += LANES) {
+    vec sum = load(acc + d);
+    for (int64_t t = 0; t < count; ++t) sum += probs[t] * load(values + t * stride + d);
+    store(acc + d, sum);
+  }
+}
+
+// e^x for x <= 0 (scores minus their row max), to ~2 ulp: 2^n * e^r with |r| <= ln2/2 and a
+// degree-6 Taylor polynomial; inputs below -87 flush to ~0 (never a denormal or a NaN).
+inline vec exp_nonpositive(vec x) {
+  x = x < -87.0f ? vec{} - 87.0f : x;
+  // Round to nearest by truncation: x * log2(e) <= 0, so subtracting 0.5 then truncating
+  // towards zero rounds; n in [-126, 0].
+  const ivec n_int = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, ivec);
+  const vec n = __builtin_convertvector(n_int, vec);
+  const vec r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  vec p = r * (1.0f / 720) + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const ivec bits = (n_int + 127) << 23;
+  return p * reinterpret_cast<const vec&>(bits);
+}
+
+// row[t] <- exp(row[t] - max(row)) for t < count; returns their sum.
+inline float softmax_numerators(float* row, int64_t count) {
+  vec maxes = vec{} - FLT_MAX;
+  int64_t t = 0;
+  for (; t + LANES <= count; t += LANES) {
+    const vec x = load(row + t);
+    maxes = x > maxes ? x : maxes;
+  }
+  float max = -FLT_MAX;
+  for (int64_t l = 0; l < LANES; ++l) max = std::max(max, maxes[l]);
+  for (; t < count; ++t) max = std::max(max, row[t]);
+  vec sums{};
+  t = 0;
+  for (; t + LANES <= count; t += LANES) {
+    const vec e = exp_nonpositive(load(row + t) - max);
+    store(row + t, e);
+    sums += e;
+  }
+  float sum = hsum(sums);
+  if (t < count) {  // the tail through a padded vector
+    alignas(64) float tail[LANES];
+    for (int64_t l = 0; l < LANES; ++l) tail[l] = t + l < count ? row[t + l] - max : -FLT_MAX;
+    store(tail, exp_nonpositive(load(tail)));
+    for (int64_t l = 0; t + l < count; ++l) {
+      row[t + l] = tail[l];
+      sum += tail[l];
+    }
+  }
+  return sum;
+}
+
+// Rows [first, first + count) of one KV head as float32 rows `dim` apart: the cache itself
+// when it is float32 (row stride = the cache's token stride), else widened into `scratch`.
+template <typename T>
+inline const float* rows_as_float(const T* src, int64_t stride, int64_t count, int64_t dim,
+                                  float* scratch, int64_t* out_stride) {
+  if constexpr (std::is_same_v<T, float>) {
+    *out_stride = stride;
+    return src;
+  } else {
+    for (int64_t t = 0; t < count; ++t) {
+      const T* row = src + t * stride;
+      float* dst = scratch + t * dim;
+      for (int64_t d = 0; d < dim; ++d) dst[d] = widen(row[d]);
+    }
+    *out_stride = dim;
+    return scratch;
+  }
+}
+
+struct Layout {
+  const int64_t* query_start;
+  const int64_t* context_lens;
+  const int64_t* block_tables;
+  int64_t table_stride;
+  int64_t block_size;
+  int64_t window;  // 0: none
+  int64_t num_seqs;
+};
+
+// The first key the query at position `pos` sees (the last is `pos`).
+inline int64_t first_key(int64_t pos, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+}
+
+// A work item: up to QUERY_TILE tokens of one sequence, for KV heads [head_begin, head_end).
+struct Item {
+  int64_t seq;
+  int64_t first_token;  // row of the flattened batch
+  int64_t num_tokens;
+  int64_t head_begin, head_end;
+  int64_t cost;  // keys read x tokens x heads, to start the longest items first
+};
+
+// Whole tiles (every KV head in one item, so each block's rows are read once, contiguously)
+// unless that leaves too few items to keep `threads` busy.
+std::vector<Item> make_items(const Layout& layout, int64_t kv_heads, int64_t threads) {
+  std::vector<Item> tiles;
+  for (int64_t s = 0; s < layout.num_seqs; ++s) {
+    const int64_t begin = layout.query_start[s], end = layout.query_start[s + 1];
+    const int64_t ctx = layout.context_lens[s];
+    for (int64_t t = begin; t < end; t += QUERY_TILE) {
+      const int64_t n = std::min(QUERY_TILE, end - t);
+      const int64_t first_pos = ctx - (end - t);
+      const int64_t span = first_pos + n - first_key(first_pos, layout.window);
+      tiles.push_back({s, t, n, 0, kv_heads, span * n * kv_heads});
+    }
+  }
+  std::vector<Item> items;
+  if (static_cast<int64_t>(tiles.size()) >= 4 * threads || kv_heads == 1) {
+    items = std::move(tiles);
+  } else {
+    for (const Item& tile : tiles) {
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        items.push_back({tile.seq, tile.first_token, tile.num_tokens, h, h + 1,
+                         tile.cost / kv_heads});
+      }
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  return items;
+}
+
+template <typename T>
+struct Problem {
+  Layout layout;
+  const T* q;
+  int64_t q_token_stride, q_head_stride;
+  const T* k_cache;
+  const T* v_cache;
+  int64_t block_stride, token_stride, head_stride;  // the caches' (K and V share them)
+  T* out;  // [T, H, D] contiguous
+  int64_t num_heads, group, dim;
+  float scale;
+};
+
+struct Scratch {
+  std::vector<float> q, scores, acc, block, inv_sum;
+  void reserve(int64_t rows, int64_t span, int64_t dim, int64_t block_size) {
+    q.resize(rows * dim);
+    inv_sum.resize(rows);
+    scores.resize(rows * span);
+    acc.resize(rows * dim);
+    block.resize(block_size * dim);
+  }
+};
+
+// The cache lines of tokens [t0, t1] of block `block`, KV heads [h0, h1), into the caches.
+template <typename T>
+inline void prefetch_rows(const Problem<T>& p, const T* cache, int64_t block, int64_t t0,
+                          int64_t t1, int64_t h0, int64_t h1) {
+  const int64_t bytes = ((h1 - h0 - 1) * p.head_stride + p.dim) * sizeof(T);
+  for (int64_t t = t0; t <= t1; ++t) {
+    const char* row = reinterpret_cast<const char*>(
+        cache + block * p.block_stride + t * p.token_stride + h0 * p.head_stride);
+    for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset);
+  }
+}
+
+// Calls fn(head, t0, t1, rows, stride) for each block of keys [lo, hi] of `item` and each of
+// its KV heads: rows[(t - t0) * stride + d] is that head's K (or V) of key t, as float32.
+// The next block is prefetched while this one is used: blocks are scattered, so the hardware
+// prefetcher, which stops at page boundaries, cannot see them coming.
+template <typename T, typename Fn>
+void for_each_block(const Problem<T>& p, const Item& item, const T* cache, int64_t lo,
+                    int64_t hi, Scratch& scratch, Fn&& fn) {
+  const int64_t bs = p.layout.block_size;
+  const int64_t* table = p.layout.block_tables + item.seq * p.layout.table_stride;
+  for (int64_t j = lo / bs; j <= hi / bs; ++j) {
+    const int64_t t0 = std::max(j * bs, lo), t1 = std::min((j + 1) * bs - 1, hi);
+    const int64_t ahead = j + PREFETCH_AHEAD;
+    if (j == lo / bs) {  // the first blocks, before any work hides their latency
+      for (int64_t n = j; n < std::min(ahead, hi / bs + 1); ++n) {
+        prefetch_rows(p, cache, table[n], 0, std::min(bs - 1, hi - n * bs), item.head_begin,
+                      item.head_end);
+      }
+    }
+    for (int64_t h = item.head_begin; h < item.head_end; ++h) {
+      if (ahead <= hi / bs) {  // spread over the heads, so demand loads are not queued behind
+        prefetch_rows(p, cache, table[ahead], 0, std::min(bs - 1, hi - ahead * bs), h, h + 1);
+      }
+      const T* src = cache + table[j] * p.block_stride + (t0 - j * bs) * p.token_stride +
+                     h * p.head_stride;
+      int64_t stride;
+      const float* rows =
+          rows_as_float(src, p.token_stride, t1 - t0 + 1, p.dim, scratch.block.data(), &stride);
+      fn(h, t0, t1, rows, stride);
+    }
+  }
+}
+
+// One work item. Row r = ((h - head_begin) * num_tokens + i) * group + g is query head
+// h * group + g of token i; it sees keys [first_key(pos_i), pos_i]. Out rows are written by
+// this item only.
+template <typename T>
+void attend(const Problem<T>& p, const Item& item, Scratch& scratch) {
+  const int64_t seq_end = p.layout.query_start[item.seq + 1];
+  const int64_t ctx = p.layout.context_lens[item.seq];
+  const int64_t base_pos = ctx - (seq_end - item.first_token);  // the first token's position
+  const int64_t lo = first_key(base_pos, p.layout.window);
+  const int64_t hi = base_pos + item.num_tokens - 1;
+  const int64_t span = hi - lo + 1, dim = p.dim, group = p.group, ntok = item.num_tokens;
+  const int64_t rows = (item.head_end - item.head_begin) * ntok * group;
+  scratch.reserve(rows, span, dim, p.layout.block_size);
+  float* qf = scratch.q.data();
+  float* scores = scratch.scores.data();
+  float* acc = scratch.acc.data();
+  float* inv_sum = scratch.inv_sum.data();
+  auto row_of = [&](int64_t h, int64_t i, int64_t g) {
+    return ((h - item.head_begin) * ntok + i) * group + g;
+  };
+  for (int64_t h = item.head_begin; h < item.head_end; ++h) {
+    for (int64_t i = 0; i < ntok; ++i) {
+      for (int64_t g = 0; g < group; ++g) {
+        const T* src = p.q + (item.first_token + i) * p.q_token_stride +
+                       (h * group + g) * p.q_head_stride;
+        float* dst = qf + row_of(h, i, g) * dim;
+        for (int64_t d = 0; d < dim; ++d) dst[d] = widen(src[d]) * p.scale;
+      }
+    }
+  }
+  std::fill(acc, acc + rows * dim, 0.0f);
+  // Pass 1: scores.
+  for_each_block(p, item, p.k_cache, lo, hi, scratch,
+                 [&](int64_t h, int64_t t0, int64_t t1, const float* keys, int64_t stride) {
+    for (int64_t i = 0; i < ntok; ++i) {
+      const int64_t a = std::max(t0, first_key(base_pos + i, p.layout.window));
+      const int64_t b = std::min(t1, base_pos + i);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = row_of(h, i, g);
+        float* row_scores = scores + r * span - lo;
+        for (int64_t t = a; t <= b; ++t) {
+          row_scores[t] = dot(qf + r * dim, keys + (t - t0) * stride, dim);
+        }
+      }
+    }
+  });
+  // Softmax per row over its own keys; the numerators replace the scores.
+  for (int64_t h = item.head_begin; h < item.head_end; ++h) {
+    for (int64_t i = 0; i < ntok; ++i) {
+      const int64_t a = first_key(base_pos + i, p.layout.window) - lo, b = base_pos + i - lo;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = row_of(h, i, g);
+        inv_sum[r] = 1.0f / softmax_numerators(scores + r * span + a, b - a + 1);
+      }
+    }
+  }
+  // Pass 2: the weighted values.
+  for_each_block(p, item, p.v_cache, lo, hi, scratch,
+                 [&](int64_t h, int64_t t0, int64_t t1, const float* values, int64_t stride) {
+    for (int64_t i = 0; i < ntok; ++i) {
+      const int64_t a = std::max(t0, first_key(base_pos + i, p.layout.window));
+      const int64_t b = std::min(t1, base_pos + i);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = row_of(h, i, g);
+        if (a <= b) {
+          accumulate(scores + r * span + a - lo, values + (a - t0) * stride, stride, b - a + 1,
+                     acc + r * dim, dim);
+        }
+      }
+    }
+  });
+  for (int64_t h = item.head_begin; h < item.head_end; ++h) {
+    for (int64_t i = 0; i < ntok; ++i) {
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = row_of(h, i, g);
+        T* dst = p.out + ((item.first_token + i) * p.num_heads + h * group + g) * dim;
+        for (int64_t d = 0; d < dim; ++d) dst[d] = narrow<T>(acc[r * dim + d] * inv_sum[r]);
+      }
+    }
+  }
+}
+
+// Every item on OpenMP threads; a thread keeps its scratch across items.
+template <typename T>
+void attend_all(const Layout& layout, const at::Tensor& q, const at::Tensor& k_cache,
+                const at::Tensor& v_cache, at::Tensor& out, float scale) {
+  const int64_t threads = at::get_num_threads();
+  const std::vector<Item> items =
+      make_items(layout, k_cache.size(2), threads);
+  const Problem<T> p{layout, q.data_ptr<T>(), q.stride(0), q.stride(1),
+                     k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), k_cache.stride(0),
+                     k_cache.stride(1), k_cache.stride(2), out.data_ptr<T>(), q.size(1),
+                     q.size(1) / k_cache.size(2), q.size(2), scale};
+  const int64_t count = static_cast<int64_t>(items.size());
+#pragma omp parallel num_threads(static_cast<int>(std::max<int64_t>(1, std::min(threads, count))))
+  {
+    Scratch scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < count; ++i) attend(p, items[i], scratch);
+  }
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& query_start, const at::Tensor& context_lens,
+                  const at::Tensor& block_tables) {
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
+              "layerserve::paged_attention runs on the CPU");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q [T, H, D], caches [N, bs, Hkv, D]");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides(),
+              "K and V caches must have one shape and layout");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "q and the caches must share a dtype");
+  TORCH_CHECK(q.size(2) == k_cache.size(3), "q and the caches must share head_dim");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(q.stride(2) == 1 && k_cache.stride(3) == 1, "head_dim must be contiguous");
+  for (const at::Tensor* t : {&query_start, &context_lens, &block_tables}) {
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(),
+                "query_start, context_lens and block_tables must be contiguous int64");
+  }
+  TORCH_CHECK(query_start.numel() == context_lens.numel() + 1 &&
+                  block_tables.size(0) == context_lens.numel(),
+              "one context length and block table per sequence");
+}
+
+// q [T, H, D], caches [num_blocks, block_size, Hkv, D] (the step's K/V already written),
+// query_start [S + 1], context_lens [S], block_tables [S, max_blocks] (int64; -1 entries only
+// outside each query's window) -> out [T, H, D]. window <= 0: every earlier key.
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& query_start,
+                           const at::Tensor& context_lens, const at::Tensor& block_tables,
+                           int64_t window, double scale) {
+  check_inputs(q, k_cache, v_cache, query_start, context_lens, block_tables);
+  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  const Layout layout{query_start.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
+                      block_tables.data_ptr<int64_t>(), block_tables.size(1),
+                      k_cache.size(1), window, context_lens.numel()};
+  const float scale_f = static_cast<float>(scale);
+  switch (q.scalar_type()) {
+    case at::kFloat:
+      attend_all<float>(layout, q, k_cache, v_cache, out, scale_f);
+      break;
+    case at::kBFloat16:
+      attend_all<c10::BFloat16>(layout, q, k_cache, v_cache, out, scale_f);
+      break;
+    case at::kHalf:
+      attend_all<c10::Half>(layout, q, k_cache, v_cache, out, scale_f);
+      break;
+    default:
+      TORCH_CHECK(false, "layerserve::paged_attention: float32, bfloat16 or float16, not ",
+                  q.scalar_type());
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(layerserve, m) {
+  m.def(
+      "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start, "
+      "Tensor context_lens, Tensor block_tables, int window, float scale) -> Tensor");
+  m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
+}

@@ -1,0 +1,194 @@
+"""The C++ CPU attention (cpu_attention.py, csrc/cpu_attention.cpp) against the torch path it
+replaces on the CPU (torch_attention.py, the reference): decodes and prefill chunks in one
+batch, cached prefixes, GQA, sliding windows with dropped blocks, several block sizes and head
+dims, float32 and bfloat16; and the backend choice with its fallback."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from services.worker.engine import attention, cpu_attention_ext
+from services.worker.engine.attention import attention_backend
+from services.worker.engine.cpu_attention import CpuAttention, native_paged_attention
+from services.worker.engine.kv_cache import PagedKVCache
+from services.worker.engine.torch_attention import TorchAttention
+from services.worker.model.config import LlamaConfig
+
+CPU = torch.device("cpu")
+REFERENCE = TorchAttention()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension() -> None:
+    """`make install` builds it; a bare checkout builds it here once (cached in build/)."""
+    if not cpu_attention_ext.load():
+        cpu_attention_ext.build()
+        cpu_attention_ext.load.cache_clear()
+        assert cpu_attention_ext.load()
+
+
+def _config(heads: int, kv_heads: int, dim: int) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=10, hidden_size=heads * dim, intermediate_size=8, num_layers=1,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=dim, rope_theta=1e4, rms_norm_eps=1e-5,
+        max_position_embeddings=4096, tie_word_embeddings=True, eos_token_ids=(0,),
+    )  # fmt: skip
+
+
+def _case(
+    seqs: list[tuple[int, int]],
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    block: int,
+    dtype: torch.dtype,
+    window: int | None = None,
+    seed: int = 0,
+):
+    """A random layer cache, shuffled block tables and queries for (new tokens, context) per
+    sequence. With a window, blocks wholly before a sequence's first query's window are -1,
+    as the scheduler leaves a sliding-window group's tables."""
+    g = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    needed = [-(-ctx // block) for _, ctx in seqs]
+    cache = PagedKVCache(_config(heads, kv_heads, dim), sum(needed) + 1, block, dtype, CPU)
+    for layer in cache.layer(0):
+        layer.copy_(torch.randn(layer.shape, generator=g).to(dtype))
+    pool = list(range(1, cache.num_blocks))
+    rng.shuffle(pool)
+    tables = []
+    for (new, ctx), count in zip(seqs, needed, strict=True):
+        table, pool = pool[:count], pool[count:]
+        if window is not None:
+            first_seen = max(0, ctx - new - window + 1) // block
+            table = [-1] * first_seen + table[first_seen:]
+        tables.append(table)
+    q = torch.randn(sum(n for n, _ in seqs), heads, dim, generator=g).to(dtype)
+    return cache, tables, q
+
+
+def _both(seqs, cache, tables, q, window=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(in place, reference) outputs."""
+    query_lens, contexts = [n for n, _ in seqs], [c for _, c in seqs]
+    block = cache.block_size
+    ref_meta = REFERENCE.metadata(query_lens, contexts, tables, block, CPU)
+    meta = CpuAttention().metadata(query_lens, contexts, tables, block, CPU)
+    expected = REFERENCE.paged_attention(q, cache.layer(0), ref_meta, window)
+    return CpuAttention().paged_attention(q, cache.layer(0), meta, window), expected
+
+
+MIXED = [(1, 37), (7, 7), (1, 1), (16, 40), (1, 100), (33, 33), (1, 16), (5, 64)]
+
+
+@pytest.mark.parametrize("block", [1, 4, 16, 5])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4), (8, 2), (4, 1)])
+def test_mixed_batch_matches_the_torch_path_in_float32(block, heads, kv_heads) -> None:
+    """Decodes, fresh prompts and chunks after a cached prefix, one call."""
+    cache, tables, q = _case(MIXED, heads, kv_heads, 64, block, torch.float32)
+    out, expected = _both(MIXED, cache, tables, q)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("dim", [8, 24, 128, 256])  # 8, 24: not a multiple of 16 (scalar loop)
+def test_head_dims(dim) -> None:
+    cache, tables, q = _case(MIXED, 4, 2, dim, 4, torch.float32, seed=dim)
+    out, expected = _both(MIXED, cache, tables, q)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("block", [4, 16])
+@pytest.mark.parametrize("window", [1, 5, 16, 40])
+def test_sliding_window_with_dropped_blocks(block, window) -> None:
+    """Gemma 3's sliding layers: keys in (p - window, p]; -1 table entries are never read."""
+    seqs = [(1, 90), (12, 70), (1, 3), (30, 30), (1, 41)]
+    cache, tables, q = _case(seqs, 4, 1, 32, block, torch.float32, window=window, seed=window)
+    assert any(-1 in table for table in tables)
+    out, expected = _both(seqs, cache, tables, q, window)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("window", [None, 24])
+def test_bfloat16_is_at_least_as_close_to_float32_as_the_torch_path(window) -> None:
+    """Both read bf16 K/V and q; the extension computes in float32, so against the float32
+    answer on the same (rounded) inputs its error is no larger than the torch path's."""
+    seqs = [(1, 300), (20, 60), (1, 17), (9, 9)]
+    cache, tables, q = _case(seqs, 9, 3, 64, 16, torch.bfloat16, window=window)
+    out, reference = _both(seqs, cache, tables, q, window)
+    cache32 = PagedKVCache(_config(9, 3, 64), cache.num_blocks, 16, torch.float32, CPU)
+    for mine, wide in zip(cache.layer(0), cache32.layer(0), strict=True):
+        wide.copy_(mine.float())
+    truth = REFERENCE.paged_attention(
+        q.float(), cache32.layer(0),
+        REFERENCE.metadata([n for n, _ in seqs], [c for _, c in seqs], tables, 16, CPU), window,
+    )  # fmt: skip
+    assert out.dtype == torch.bfloat16
+    ours, theirs = (out.float() - truth).abs().max(), (reference.float() - truth).abs().max()
+    assert ours <= theirs + 1e-3
+    torch.testing.assert_close(out.float(), truth, rtol=1.6e-2, atol=1e-2)  # bf16's epsilon
+
+
+def test_long_decode_against_dense_attention() -> None:
+    """One query over 2k keys spread over shuffled blocks, against SDPA on the dense K/V."""
+    cache, tables, q = _case([(1, 2048)], 9, 3, 64, 16, torch.float32)
+    meta = CpuAttention().metadata([1], [2048], tables, 16, CPU)
+    out = CpuAttention().paged_attention(q, cache.layer(0), meta)
+    keys, values = (c[torch.tensor(tables[0])].reshape(2048, 3, 64) for c in cache.layer(0))
+    dense = F.scaled_dot_product_attention(
+        q.view(1, 3, 3, 64).transpose(0, 1), keys.transpose(0, 1)[:, None].expand(3, 1, 2048, 64),
+        values.transpose(0, 1)[:, None].expand(3, 1, 2048, 64),
+    )  # fmt: skip  # [Hkv, 1, G, D]
+    torch.testing.assert_close(out, dense.transpose(0, 1).reshape(1, 9, 64), rtol=1e-5, atol=2e-6)
+
+
+def test_strided_queries_and_threads() -> None:
+    """q as the model makes it (a view of the fused qkv projection), on two threads."""
+    seqs = [(1, 50)] * 6 + [(20, 20)]
+    cache, tables, q = _case(seqs, 9, 3, 64, 4, torch.float32)
+    qkv = torch.cat([q.flatten(1), torch.zeros(q.shape[0], 2 * 3 * 64)], dim=1)
+    strided = qkv[:, : 9 * 64].view(-1, 9, 64)
+    assert not strided.is_contiguous()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out, expected = _both(seqs, cache, tables, strided)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6)
+
+
+def test_queries_in_another_dtype_come_back_in_theirs() -> None:
+    cache, tables, q = _case([(3, 10)], 2, 1, 16, 4, torch.bfloat16)
+    meta = CpuAttention().metadata([3], [10], tables, 4, CPU)
+    out = CpuAttention().paged_attention(q.float(), cache.layer(0), meta)
+    assert out.dtype == torch.float32 and out.shape == (3, 2, 16)
+
+
+def test_refuses_mismatched_caches() -> None:
+    cache, tables, q = _case([(1, 8)], 2, 1, 16, 4, torch.float32)
+    meta = CpuAttention().metadata([1], [8], tables, 4, CPU)
+    k, v = cache.layer(0)
+    with pytest.raises(RuntimeError, match="one shape and layout"):
+        native_paged_attention(q, k, v[:, :2], meta.query_start, meta.context_lens_device,
+                               meta.block_tables)  # fmt: skip
+
+
+def test_the_worker_gets_the_extension_when_built(monkeypatch, caplog) -> None:
+    assert isinstance(attention_backend("torch"), CpuAttention)
+    monkeypatch.setattr(cpu_attention_ext, "load", lambda: False)
+    with caplog.at_level(logging.WARNING):
+        assert attention_backend("torch") is attention.TORCH
+    assert "CPU attention extension not built" in caplog.text
+
+
+def test_the_build_is_keyed_by_its_source(monkeypatch, tmp_path) -> None:
+    """A changed source (or CPU, or torch) is another build: a stale library is never loaded."""
+    before = cpu_attention_ext.library_path()
+    changed = tmp_path / "cpu_attention.cpp"
+    changed.write_text(cpu_attention_ext.SOURCE.read_text() + "\n// changed\n")
+    monkeypatch.setattr(cpu_attention_ext, "SOURCE", changed)
+    assert cpu_attention_ext.library_path() != before
