@@ -1,6 +1,7 @@
 """Weight-only int8 against the float model it came from, side by side in one run.
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.quantization [--threads 1] [--reps 3]
+        [--batches 1 8 64] [--cpu-time] [--kernel-sweep]
 
 One load of the bundled SmolLM2-135M-Instruct GGUF (float32), then copies: int8 on float32
 (the worker's --quantization int8; also with the tied embedding/head in int8), bfloat16, int8
@@ -43,6 +44,9 @@ BLOCK_SIZE = 16
 CPU = torch.device("cpu")
 PROMPT_LEN = 64  # decode-speed prompts: random ids, the same for every variant
 GREEDY_TOKENS = 32
+# Wall time, or with --cpu-time this thread's CPU time: with one torch thread all of a step's
+# work runs on it, and the CPU time does not count the time other processes held the core.
+CLOCK = [time.perf_counter]
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):\n    if n < 2:\n        return n\n",
@@ -90,13 +94,13 @@ class StaticBatch:
         self.outputs = {s.request_id: [s.token_id] for s in sampled}
 
     def decode(self, steps: int) -> float:
-        """Runs `steps` decode steps; returns their seconds."""
-        started = time.perf_counter()
+        """Runs `steps` decode steps; returns their seconds (CLOCK's)."""
+        started = CLOCK[0]()
         for _ in range(steps):
             plan = StepPlan(running=[RunningSequence(rid, 1, [[]]) for rid in self.ids])
             for s in self.runner.execute(plan):
                 self.outputs[s.request_id].append(s.token_id)
-        return time.perf_counter() - started
+        return CLOCK[0]() - started
 
 
 def greedy(loaded: LoadedModel, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
@@ -113,13 +117,12 @@ def decode_tok_s(loaded: LoadedModel, batch: int, steps: int, reps: int, kernel:
     prompts = [
         torch.randint(vocab, (PROMPT_LEN,), generator=generator).tolist() for _ in range(batch)
     ]
-    dtype = loaded.model.embed_tokens.dtype
-    set_kernel(loaded, default_kernel(CPU, dtype))
+    set_kernel(loaded, "auto")
     static = StaticBatch(loaded, prompts, 2 + steps * reps)
     set_kernel(loaded, kernel)
     static.decode(1)  # warm-up
     times = [static.decode(steps) for _ in range(reps)]
-    set_kernel(loaded, default_kernel(CPU, dtype))
+    set_kernel(loaded, "auto")
     return batch * steps / statistics.median(times)
 
 
@@ -201,19 +204,38 @@ def run(args: argparse.Namespace) -> list[Result]:
         reference = reference or measured
         quantized = any(isinstance(b, Int8Weight) for b in loaded.model.buffers())
         dtype = loaded.model.embed_tokens.dtype
-        default = default_kernel(CPU, dtype)
-        others = sorted({"dequant", "int8pack"} - {default}) if both_kernels else []
-        kernels = [default, *others] if quantized else ["-"]
+        # "auto" picks per call by the batch (quant.default_kernel); each kernel alone besides.
+        others = sorted({"dequant", "int8pack"}) if both_kernels else []
+        kernels = ["auto", *others] if quantized else ["-"]
         for kernel in kernels:
-            # The kernel the worker would not pick can be 30x slower: fewer steps for it.
-            steps = args.steps if kernel in (default, "-") else args.other_kernel_steps
+            # A kernel the worker would not pick at batch 1 can be 30x slower: fewer steps.
+            default = default_kernel(CPU, dtype)
+            steps = args.steps if kernel in ("auto", default, "-") else args.other_kernel_steps
             speeds = {b: decode_tok_s(loaded, b, steps, args.reps, kernel) for b in args.batches}
-            label = f"{kernel} (default)" if quantized and kernel == default else kernel
+            label = f"{kernel} (default)" if quantized and kernel == "auto" else kernel
             row = Result(name, label, weight_bytes(loaded.model), speeds, found)
             results.append(row)
             print(_row(row, results[0]), flush=True)
             found = None
     return results
+
+
+def kernel_sweep(args: argparse.Namespace) -> None:
+    """int8 weights on bfloat16 activations: decode tok/s with each int8_linear kernel at each
+    batch, the kernels interleaved per batch; where int8pack stops winning is the switch point
+    (quant.INT8PACK_MAX_ROWS)."""
+    base = load_model(default_path(), dtype=torch.float32, device=CPU)
+    loaded = _copy(_copy(base, torch.bfloat16, "none"), None, "int8")
+    del base
+    print("| batch | int8pack tok/s | dequant tok/s | int8pack / dequant |")
+    print("| --- | --- | --- | --- |")
+    for batch in args.batches:
+        speeds: dict[str, list[float]] = {"int8pack": [], "dequant": []}
+        for _ in range(args.reps):
+            for kernel, found in speeds.items():
+                found.append(decode_tok_s(loaded, batch, args.steps, 1, kernel))
+        pack, deq = (statistics.median(speeds[k]) for k in ("int8pack", "dequant"))
+        print(f"| {batch} | {pack:.1f} | {deq:.1f} | {pack / deq:.2f}x |", flush=True)
 
 
 def _row(r: Result, base: Result) -> str:
@@ -236,10 +258,27 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=16, help="timed decode steps per repetition")
     p.add_argument("--other-kernel-steps", type=int, default=4, help="the same, other kernel")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    p.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time steps by this thread's CPU time (needs --threads 1): on a busy machine, "
+        "what a step costs on a core of its own",
+    )
+    p.add_argument(
+        "--kernel-sweep",
+        action="store_true",
+        help="only int8 on bfloat16, both kernels per batch (the kernel switch point)",
+    )
     args = p.parse_args()
+    if args.cpu_time and args.threads != 1:
+        p.error("--cpu-time needs --threads 1")
     torch.set_num_threads(args.threads)
+    CLOCK[0] = time.thread_time if args.cpu_time else time.perf_counter
     print(f"machine: {machine()}")
     print(f"cpu capability: {torch.backends.cpu.get_cpu_capability()}")
+    if args.kernel_sweep:
+        kernel_sweep(args)
+        return
     batches = " | ".join(f"decode tok/s, batch {b}" for b in sorted(args.batches))
     print(f"| weights | int8 kernel | weight memory | {batches} | perplexity | top-1 = float32 "
           "| greedy tokens = float32 | greedy exact |")  # fmt: skip

@@ -23,6 +23,9 @@ from services.worker.model.loaded import LoadedModel
 
 QUANTIZATION_METHODS = ("none", "int8")  # --quantization
 KERNELS = ("auto", "int8pack", "dequant")  # how an Int8Weight computes F.linear
+# int8pack's last batch (activation rows) on the CPU with bfloat16 activations: measured switch
+# point (benchmarks/quantization.py --kernel-sweep; docs/benchmarks.md, "Issue 18").
+INT8PACK_MAX_ROWS = 16
 # Kept in the compute dtype, matched against each dotted part of a parameter's name:
 # - embeddings are read by row (F.embedding), not through F.linear;
 # - the output head (SmolLM2's is the tied embedding, 21% of its weights) is where a weight
@@ -65,7 +68,10 @@ def int8_linear(
     "int8pack": torch._weight_int8pack_mm, which reads the int8 weight directly. "dequant": the
     weight converted to the compute dtype for this call, the dtype's own GEMM (BLAS, cuBLAS),
     then the scale applied to the [..., out] result, which is cheaper than to [out, in] and
-    exact enough; float16 scales the weight instead, as x @ q.T (|q| <= 127) could overflow."""
+    exact enough; float16 scales the weight instead, as x @ q.T (|q| <= 127) could overflow.
+    "auto": kernel_for(x), this call's rows deciding."""
+    if kernel == "auto":
+        kernel = kernel_for(x)
     if kernel == "int8pack":
         flat = x.reshape(-1, x.shape[-1])
         out = torch._weight_int8pack_mm(flat.contiguous(), qweight, scale)
@@ -77,16 +83,24 @@ def int8_linear(
     return out if bias is None else out + bias
 
 
-def default_kernel(device: torch.device, dtype: torch.dtype) -> str:
-    """The faster int8_linear path as benchmarks/quantization.py measured it (both run there).
+def kernel_for(x: torch.Tensor) -> str:
+    """The "auto" kernel for activations x [..., in]: default_kernel for its rows."""
+    return default_kernel(x.device, x.dtype, x.numel() // max(x.shape[-1], 1))
 
-    On an AVX2 CPU, torch's int8pack kernel beats a bfloat16 GEMM on a dequantized copy
-    (2x at batch 1, 2.5x at 32), which has no native path there, but loses to float32 BLAS on
-    one (2x at batch 1, 18x at 32). On CUDA, cuBLAS on a dequantized copy; torch's CUDA
-    int8pack kernel is unmeasured here."""
-    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
-        return "int8pack"
-    return "dequant"
+
+def default_kernel(device: torch.device, dtype: torch.dtype, rows: int = 1) -> str:
+    """The faster int8_linear kernel for `rows` activation rows of `dtype` on `device`, as
+    benchmarks/quantization.py measured both (docs/benchmarks.md, "Issue 18" and "Weight-only
+    int8").
+
+    On the CPU with bfloat16/float16 activations, int8pack up to INT8PACK_MAX_ROWS rows: a small
+    batch is bound by reading the weights, and int8pack reads half of bfloat16's bytes; above
+    it the dtype's own GEMM on a dequantized copy wins. Never with float32 activations, where
+    int8pack has no fast path (2-20x slower than float32 BLAS). On CUDA, cuBLAS on a
+    dequantized copy; torch's CUDA int8pack kernel is unmeasured here."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    small = rows <= INT8PACK_MAX_ROWS
+    return "int8pack" if device.type == "cpu" and half and small else "dequant"
 
 
 class Int8Weight(torch.Tensor):
@@ -187,9 +201,8 @@ def quantize_model(
             full_name = f"{module_name}.{name}" if module_name else name
             if param is None or id(param) in kept or not _is_weight(full_name, param, embeddings):
                 continue
-            if id(param) not in done:
-                chosen = default_kernel(param.device, param.dtype) if kernel == "auto" else kernel
-                done[id(param)] = Int8Weight(*quantize_int8(param, param.dtype), chosen)
+            if id(param) not in done:  # "auto": each call picks by its rows (kernel_for)
+                done[id(param)] = Int8Weight(*quantize_int8(param, param.dtype), kernel)
             del module._parameters[name]  # the float weight is freed with its last reference
             module.register_buffer(name, done[id(param)])
     return len(done)

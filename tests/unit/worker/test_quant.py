@@ -18,9 +18,12 @@ from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.plan import StepPlan
 from services.worker.model.loader import LoadedModel
 from services.worker.model.quant import (
+    INT8PACK_MAX_ROWS,
     KERNELS,
     QUANTIZATION_METHODS,
     Int8Weight,
+    default_kernel,
+    int8_linear,
     quantize_int8,
     quantize_loaded,
     quantize_model,
@@ -82,6 +85,28 @@ def test_int8_linear_matches_float_within_the_scale_bound(kernel: str) -> None:
     atol = 1e-6 * float(got.detach().abs().max())
     torch.testing.assert_close(got, dequantized, rtol=1e-5, atol=atol)
     torch.testing.assert_close(model(x), torch.relu(got))
+
+
+def test_auto_kernel_is_int8pack_only_for_small_half_precision_batches_on_the_cpu() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for dtype in (torch.bfloat16, torch.float16):
+        assert default_kernel(cpu, dtype, 1) == "int8pack"
+        assert default_kernel(cpu, dtype, INT8PACK_MAX_ROWS) == "int8pack"
+        assert default_kernel(cpu, dtype, INT8PACK_MAX_ROWS + 1) == "dequant"
+        assert default_kernel(cuda, dtype, 1) == "dequant"
+    assert default_kernel(cpu, torch.float32, 1) == "dequant"  # int8pack: 2-20x slower there
+
+
+def test_auto_weight_computes_each_call_with_the_kernel_its_rows_pick() -> None:
+    linear = nn.Linear(96, 64, bias=False).to(torch.bfloat16)
+    assert quantize_model(linear, "int8") == 1  # kernel "auto" by default
+    weight = linear.weight
+    assert isinstance(weight, Int8Weight) and weight.kernel == "auto"
+    for rows in (1, INT8PACK_MAX_ROWS, INT8PACK_MAX_ROWS + 1):
+        x = torch.randn(rows, 96).to(torch.bfloat16)
+        chosen = default_kernel(x.device, x.dtype, rows)
+        want = int8_linear(x, weight.qweight, weight.scale, kernel=chosen)
+        assert torch.equal(linear(x), want), rows
 
 
 def test_tied_embedding_quantized_once_serves_both_lookups_and_logits() -> None:
