@@ -1,0 +1,214 @@
+"""CPU attention in place vs the torch path's gather (issue 18), side by side in one run.
+
+    PYTHONPATH=. .venv/bin/python -m benchmarks.cpu_attention [--threads 1] [--repeats 5]
+
+Two tables, both with the two backends interleaved (so both see the same machine):
+- per layer: one layer's paged attention (with its metadata) on SmolLM2's shapes (9 q heads,
+  3 KV heads, head dim 64), blocks shuffled across the pool as a long-running server leaves
+  them; decode 64 x 1k and 8 x 2k, prefill batches, a mixed step. The per-step column is x30
+  layers; GB/s counts the K/V bytes attention must read once (the floor either path moves).
+- decode step: the real SmolLM2 forward + logits at 64 x 1k and 8 x 2k context (the KV cache
+  is left as zeros: attention's cost does not depend on the values), attention timed inside
+  the step: its share is what issue 18's goal (<= 25% at 64 x 1k) is about.
+Needs the extension (make install, or python -m services.worker.engine.cpu_attention_ext).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.machine import ceilings, load_average
+from services.worker.engine import cpu_attention_ext
+from services.worker.engine.attention import StepAttention
+from services.worker.engine.cpu_attention import CpuAttention
+from services.worker.engine.kv_cache import PagedKVCache
+from services.worker.engine.torch_attention import TorchAttention
+from services.worker.model.config import LlamaConfig
+
+BLOCK_SIZE = 16
+LAYERS = 30
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# name -> (new tokens, context) per sequence
+LAYER_CASES: dict[str, list[tuple[int, int]]] = {
+    "decode 64 x 1k": [(1, 1024)] * 64,
+    "decode 8 x 2k": [(1, 2048)] * 8,
+    "prefill 4 x 512": [(512, 512)] * 4,
+    "chunk 256 after 768 cached, x4": [(256, 1024)] * 4,
+    "mixed: 63 decodes at 1k + chunk 256": [(1, 1024)] * 63 + [(256, 256)],
+}
+STEP_CASES = {"decode 64 x 1k": (64, 1024), "decode 8 x 2k": (8, 2048)}
+
+
+class TimedBackend:
+    """A backend whose paged_attention calls are timed (everything else forwarded)."""
+
+    def __init__(self, inner: TorchAttention) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def paged_attention(self, *args, **kwargs) -> torch.Tensor:
+        started = CLOCK[0]()
+        out = self.inner.paged_attention(*args, **kwargs)
+        self.seconds += CLOCK[0]() - started
+        return out
+
+
+def smollm2_shapes(max_positions: int) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=1, num_heads=9,
+        num_kv_heads=3, head_dim=64, rope_theta=1e5, rms_norm_eps=1e-5,
+        max_position_embeddings=max_positions, tie_word_embeddings=True, eos_token_ids=(0,),
+    )  # fmt: skip
+
+
+def shuffled_tables(contexts: list[int], num_blocks: int, seed: int = 0) -> list[list[int]]:
+    """Each sequence's blocks drawn from a shuffled pool (block 0 left as the padding block)."""
+    pool = list(range(1, num_blocks))
+    random.Random(seed).shuffle(pool)
+    tables, used = [], 0
+    for context in contexts:
+        count = -(-context // BLOCK_SIZE)
+        tables.append(pool[used : used + count])
+        used += count
+    return tables
+
+
+def blocks_needed(contexts: list[int]) -> int:
+    return sum(-(-c // BLOCK_SIZE) for c in contexts) + 1
+
+
+# The clock every time is read from: the thread's CPU time by default (--clock cpu, with one
+# thread), so that other work on a shared machine that preempts the run is not counted; wall
+# time with --clock wall (and whenever several threads run).
+CLOCK: list[Callable[[], float]] = [time.thread_time]
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each fn, run in turn `repeats` times after one warm-up each."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            started = CLOCK[0]()
+            fn()
+            times[name].append(CLOCK[0]() - started)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def layer_row(name: str, seqs: list[tuple[int, int]], dtype: torch.dtype, repeats: int) -> str:
+    query_lens, contexts = [q for q, _ in seqs], [c for _, c in seqs]
+    config = smollm2_shapes(max(contexts))
+    cache = PagedKVCache(config, blocks_needed(contexts), BLOCK_SIZE, dtype, torch.device("cpu"))
+    for layer_cache in cache.layer(0):
+        layer_cache.normal_()
+    tables = shuffled_tables(contexts, cache.num_blocks)
+    q = torch.randn(sum(query_lens), config.num_heads, config.head_dim).to(dtype)
+    cpu = torch.device("cpu")
+
+    def run(backend: TorchAttention) -> Callable[[], object]:
+        def step() -> object:
+            meta = backend.metadata(query_lens, contexts, tables, BLOCK_SIZE, cpu)
+            return backend.paged_attention(q, cache.layer(0), meta)
+
+        return step
+
+    t = interleaved({"torch": run(TorchAttention()), "in place": run(CpuAttention())}, repeats)
+    # K and V of every key each query span reads, once (prefill: the sequence's whole context).
+    kv_bytes = 2 * sum(contexts) * config.kv_size * cache.layer(0)[0].element_size()
+    before, after = 1e3 * t["torch"], 1e3 * t["in place"]
+    return (
+        f"| {name} | {_dtype_name(dtype)} | {before:.2f} | {after:.2f} | {before / after:.1f}x "
+        f"| {LAYERS * before:.0f} | {LAYERS * after:.0f} | {kv_bytes / t['in place'] / 1e9:.1f} |"
+    )
+
+
+def step_row(name: str, batch: int, context: int, loaded, repeats: int) -> str:
+    dtype = loaded.model.embed_tokens.dtype
+    model, cpu = loaded.model, torch.device("cpu")
+    contexts = [context] * batch
+    cache = PagedKVCache(loaded.config, blocks_needed(contexts), BLOCK_SIZE, dtype, cpu)
+    tables = shuffled_tables(contexts, cache.num_blocks)
+    ids = torch.randint(0, loaded.config.vocab_size, (batch,))
+    backends = {"torch": TimedBackend(TorchAttention()), "in place": TimedBackend(CpuAttention())}
+
+    def run(backend: TimedBackend) -> Callable[[], object]:
+        def step() -> object:
+            attn = StepAttention.build([1] * batch, contexts, [tables], BLOCK_SIZE, cpu, backend)
+            with torch.inference_mode():
+                return model.compute_logits(model(ids, attn.positions, attn, cache))
+
+        return step
+
+    # Attention seconds per step: the median step's share, from totals over the timed steps.
+    fns = {k: run(b) for k, b in backends.items()}
+    for fn in fns.values():
+        fn()
+    for b in backends.values():
+        b.seconds = 0.0
+    t = interleaved(fns, repeats)
+    att = {k: b.seconds / (repeats + 1) for k, b in backends.items()}  # +1: interleaved's warm-up
+    before, after = 1e3 * t["torch"], 1e3 * t["in place"]
+    return (
+        f"| {name} | {_dtype_name(dtype)} | {before:.0f} | {1e3 * att['torch']:.0f} "
+        f"({att['torch'] / t['torch']:.0%}) | {after:.0f} | {1e3 * att['in place']:.0f} "
+        f"({att['in place'] / t['in place']:.0%}) | {before / after:.2f}x |"
+    )
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return next(k for k, v in DTYPES.items() if v == dtype)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--skip-steps", action="store_true", help="per-layer table only")
+    args = parser.parse_args()
+    if not cpu_attention_ext.load():
+        raise SystemExit(
+            "the extension is not built: python -m services.worker.engine.cpu_attention_ext"
+        )
+    torch.set_num_threads(args.threads)
+    if args.clock == "wall" or args.threads > 1:
+        CLOCK[0] = time.perf_counter
+    dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
+    ceiling = ceilings()
+    clock = "thread CPU time" if CLOCK[0] is time.thread_time else "wall time"
+    print(f"{args.threads} thread(s), {clock}, load average at start {load_average()}, torch "
+          f"{torch.__version__}, ceilings {ceiling}")  # fmt: skip
+    print("\nPer layer (ms), torch path (gather) vs in place (C++ extension):\n")
+    print("| case | dtype | torch | in place | speed-up | torch x30 | in place x30 | GB/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for dtype in dtypes:
+        for name, seqs in LAYER_CASES.items():
+            print(layer_row(name, seqs, dtype, args.repeats), flush=True)
+    if args.skip_steps:
+        return
+    print("\nSmolLM2 decode step (forward + logits, ms), attention inside it:\n")
+    print("| case | dtype | step, torch | attention, torch | step, in place "
+          "| attention, in place | step speed-up |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    from services.worker.model.loader import default_path, load_model
+
+    for dtype in dtypes:
+        loaded = load_model(default_path(), dtype=dtype, device=torch.device("cpu"))
+        for name, (batch, context) in STEP_CASES.items():
+            print(step_row(name, batch, context, loaded, args.repeats), flush=True)
+    print(f"\nload average at the end {load_average()}")
+
+
+if __name__ == "__main__":
+    main()
