@@ -28,6 +28,8 @@ from services.worker.kernels.platform_tensors import next_power_of_2
 # A split shorter than this spends more on its fixed cost (loading q, writing a partial, the
 # reduction reading it back) than it gains in parallelism.
 MIN_TOKENS_PER_SPLIT = 256
+# Off CUDA (the interpreter): two of its 16-key steps per split.
+MIN_TOKENS_PER_SPLIT_CPU = 32
 # The reduction holds every split's partial of one head in registers: [SPLITS_PAD, D] fp32.
 MAX_SPLITS = 64
 # Programs per SM to aim for: two waves hide the latency of one program's gathers.
@@ -41,17 +43,29 @@ class DecodeTiles:
     num_stages: int
 
 
-def decode_tiles(device: torch.device, head_dim: int) -> DecodeTiles:
-    """Keys per loop step and launch shape for the device and head dim."""
+def decode_tiles(device: torch.device, head_dim: int, dtype: torch.dtype) -> DecodeTiles:
+    """Keys per loop step and launch shape for the device, head dim and dtype."""
     if device.type == "cpu":
         # The interpreter: 16-key steps let small test contexts cross several steps and splits.
         return DecodeTiles(block_n=16, num_warps=1, num_stages=1)
-    # Compiled for sm_90 and read with ptxas -v: 32-key steps need 148 registers at D=64 on 4
-    # warps and 171 at D=128 on 8, no spills; 64-key steps need 249-255 and spill at D=128 on
-    # 4 warps. Fewer registers leave room for more programs per SM, whose gathers overlap.
-    # num_stages adds no pipeline buffers for the gathered loads (same shared memory at 1..3),
-    # so one stage. Not yet timed on a GPU: benchmarks/kernels/attention.py is where to tune.
+    # Compiled for sm_90 and read with ptxas -v (python -m tests.kernels.attention_sm90): with
+    # 32-key steps, D=64 on 4 warps and D=128 on 8 need 64-80 registers in fp16/bf16 (and
+    # fp32), no spills, 7-27 KB of shared memory (64-key steps, measured earlier, needed
+    # 249-255 and spilled at D=128 on 4 warps). Fewer registers leave room for more programs
+    # per SM, whose gathers overlap. num_stages adds no pipeline buffers for the gathered loads
+    # (same shared memory at 1..3), so one stage. Not yet timed on a GPU:
+    # benchmarks/kernels/attention.py is where to tune. One exception: fp32 at D=128 with a
+    # GQA group of 8 and one split gets 64 registers from ptxas and spills 24 bytes with
+    # 32-key steps; 16-key steps do not spill (64 registers, 17 KB) in any fp32 D=128 variant.
+    if dtype == torch.float32 and head_dim > 64:
+        return DecodeTiles(block_n=16, num_warps=8, num_stages=1)
     return DecodeTiles(block_n=32, num_warps=4 if head_dim <= 64 else 8, num_stages=1)
+
+
+def group_pad(group: int) -> int:
+    """The query heads of one KV head padded to a tile's rows: a power of two, and at least
+    16, tl.dot's minimum M."""
+    return max(16, next_power_of_2(group))
 
 
 @functools.cache
@@ -62,9 +76,13 @@ def _sm_count(device_index: int) -> int:
 def choose_num_splits(
     batch: int, num_kv_heads: int, max_context_len: int, device: torch.device
 ) -> int:
-    """Enough splits that batch * Hkv * splits fills the GPU, none shorter than the minimum."""
+    """Enough splits that batch * Hkv * splits fills the GPU, none shorter than the minimum.
+
+    Off CUDA (the interpreter, in tests) a context splits every MIN_TOKENS_PER_SPLIT_CPU
+    tokens: the worker's CPU tests then take the split path (partials, the reduction, splits
+    left empty by shorter sequences) that long contexts take on a GPU."""
     if device.type != "cuda":
-        return 1
+        return max(1, min(cdiv(max_context_len, MIN_TOKENS_PER_SPLIT_CPU), MAX_SPLITS))
     wanted = cdiv(PROGRAMS_PER_SM * _sm_count(device.index or 0), batch * num_kv_heads)
     by_length = cdiv(max_context_len, MIN_TOKENS_PER_SPLIT)
     return max(1, min(wanted, by_length, MAX_SPLITS))
@@ -81,6 +99,7 @@ def decode_attention(
     max_context_len: int | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    tiles: DecodeTiles | None = None,
 ) -> torch.Tensor:
     """One query per sequence over its paged K/V: returns out [B, Hq, D] in q's dtype.
 
@@ -88,7 +107,8 @@ def decode_attention(
     context_lens: [B], each >= 1, the query's own key included (already written to the cache).
     Query head h reads KV head h // (Hq // Hkv). scale defaults to 1/sqrt(D).
     max_context_len bounds context_lens (default nb * block_size: no device sync); it sizes
-    the splits. num_splits overrides the split count (tests, benchmarks)."""
+    the splits. num_splits overrides the split count, tiles the device's tiles (tests: the
+    CUDA tiles under the interpreter; benchmarks)."""
     kv = check_paged_kv(q, k_cache, v_cache)
     batch, num_heads, head_dim = q.shape
     check_sequences(q, block_tables, context_lens, batch)
@@ -104,7 +124,7 @@ def decode_attention(
         )
     if batch == 0 or max_context_len == 0:
         return out.zero_()
-    tiles = decode_tiles(q.device, head_dim)
+    tiles = tiles or decode_tiles(q.device, head_dim, q.dtype)
     if num_splits is None:
         num_splits = choose_num_splits(batch, kv.num_kv_heads, max_context_len, q.device)
     if not 1 <= num_splits <= MAX_SPLITS:
@@ -149,7 +169,7 @@ def _launch(
         out.stride(0), out.stride(1),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        GROUP=group, GROUP_PAD=max(16, next_power_of_2(group)), HEAD_DIM=head_dim,
+        GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim,
         PAGE_SIZE=kv.page_size, BLOCK_N=tiles.block_n, SPLIT=split,
         DOT_PRECISION=dot_precision(q.dtype),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,

@@ -29,18 +29,27 @@ class PrefillTiles:
     num_stages: int
 
 
-def prefill_tiles(device: torch.device, head_dim: int) -> PrefillTiles:
-    """Query rows and keys per step, and launch shape, for the device and head dim."""
+def prefill_tiles(device: torch.device, head_dim: int, dtype: torch.dtype) -> PrefillTiles:
+    """Query rows and keys per step, and launch shape, for the device, head dim and dtype."""
     if device.type == "cpu":
         # The interpreter: 16 x 16 tiles let small test chunks cross tile and step boundaries.
         return PrefillTiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
-    # Compiled for sm_90 and read with ptxas -v, of BLOCK_M 64/128 x BLOCK_N 32/64 on 4 or 8
-    # warps these are the largest with no register spills: 128 x 64 at D=64, 64 x 32 at
-    # D=128, both on 8 warps. A larger BLOCK_M reuses each gathered K/V step over more rows.
-    # num_stages adds no pipeline buffers for the gathered loads (same shared memory at 1..3),
-    # so one stage. Not yet timed on a GPU: benchmarks/kernels/attention.py is where to tune.
+    # Compiled for sm_90 and read with ptxas -v (python -m tests.kernels.attention_sm90), of
+    # BLOCK_M 32..128 x BLOCK_N 16..64 on 4 or 8 warps these are the largest with no register
+    # spills. A larger BLOCK_M reuses each gathered K/V step over more rows. fp16/bf16: 128 x 64
+    # at D=64 (128 registers), 64 x 32 at D=128 (109). fp32 tiles hold twice the bytes per
+    # element, and the fp16/bf16 tiles spill there (128 x 64 at D=64: 255 registers and ~3 KB
+    # of spills; 64 x 32 at D=128: ~2 KB); 64 x 32 at D=64 (178 registers) and 32 x 32 at
+    # D=128 (210) do not. All on 8 warps. num_stages adds no pipeline buffers for the gathered
+    # loads (same shared memory at 1..3), so one stage. Not yet timed on a GPU:
+    # benchmarks/kernels/attention.py is where to tune.
+    wide = dtype == torch.float32
     if head_dim <= 64:
+        if wide:
+            return PrefillTiles(block_m=64, block_n=32, num_warps=8, num_stages=1)
         return PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=1)
+    if wide:
+        return PrefillTiles(block_m=32, block_n=32, num_warps=8, num_stages=1)
     return PrefillTiles(block_m=64, block_n=32, num_warps=8, num_stages=1)
 
 
@@ -55,6 +64,7 @@ def prefill_attention(
     *,
     max_query_len: int | None = None,
     out: torch.Tensor | None = None,
+    tiles: PrefillTiles | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed new tokens over their sequences' paged K/V.
 
@@ -67,7 +77,8 @@ def prefill_attention(
     [S, nb]. New token i of sequence s sits at position context_lens[s] - q_len + i and attends
     to keys 0..that position. Query head h reads KV head h // (Hq // Hkv). scale defaults to
     1/sqrt(D). max_query_len bounds the chunk lengths and sizes the grid; left None it is read
-    from cu_seqlens (a device sync). Returns out [T, Hq, D] in q's dtype."""
+    from cu_seqlens (a device sync). tiles overrides the device's (tests: the CUDA tiles under
+    the interpreter; benchmarks). Returns out [T, Hq, D] in q's dtype."""
     kv = check_paged_kv(q, k_cache, v_cache)
     num_tokens, num_heads, head_dim = q.shape
     check_tensor("cu_seqlens", cu_seqlens, 1)
@@ -85,7 +96,7 @@ def prefill_attention(
         raise ValueError(f"max_query_len {max_query_len} is outside 0..{num_tokens} rows")
     if num_seqs == 0 or max_query_len == 0:
         return out
-    tiles = prefill_tiles(q.device, head_dim)
+    tiles = tiles or prefill_tiles(q.device, head_dim, q.dtype)
     grid = (cdiv(max_query_len, tiles.block_m), num_heads, num_seqs)
     prefill_attention_kernel[grid](
         q, k_cache, v_cache, out, cu_seqlens, context_lens, block_tables, scale_log2,

@@ -18,6 +18,7 @@ import torch
 from services.worker.engine.decode_graphs import capture_sizes
 from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.engine.model_runner import ModelRunner
+from services.worker.kernels import decode_attention_host
 from services.worker.model.loaded import LoadedModel
 from tests.reference_models import greedy_generate
 from tests.unit.worker.plan_driver import Driver
@@ -28,6 +29,10 @@ BLOCK_SIZE = 16
 PROMPT_LENS = (5, 23, 40)
 # Graphs size the decode kernel for max_model_len; small keeps the interpreter quick.
 MAX_MODEL_LEN = 64
+# Long enough that the decode kernel splits each context: 2 splits of 256 tokens in a graph on
+# a GPU, one per 32 tokens eagerly on the CPU (choose_num_splits).
+LONG_MODEL_LEN = 512
+LONG_PROMPT = 300 if DEVICE.type == "cuda" else 100  # > 256 on a GPU, > 32 on the CPU
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +45,10 @@ def prompts() -> list[list[int]]:
     return random_prompts(PROMPT_LENS, seed=5)
 
 
-def _runner(loaded: LoadedModel, max_batch: int) -> ModelRunner:
+def _runner(loaded: LoadedModel, max_batch: int, max_model_len: int = MAX_MODEL_LEN) -> ModelRunner:
     cache = PagedKVCache(CONFIG, 32, BLOCK_SIZE, torch.float32, DEVICE)
     runner = ModelRunner(
-        loaded, cache, max_model_len=MAX_MODEL_LEN, model_name="tiny", kernels="triton",
+        loaded, cache, max_model_len=max_model_len, model_name="tiny", kernels="triton",
         cuda_graph_max_batch=max_batch,
     )  # fmt: skip
     runner.capture_decode_graphs()
@@ -84,6 +89,25 @@ def test_graph_decode_matches_reference(
     assert runner._graphs.steps_run == NEW_TOKENS - 1, "decode steps did not use the graphs"
     assert _generate(runner, prompts[:1], tag="single") == expected[:1]
     assert runner._graphs.steps_run == 2 * (NEW_TOKENS - 1)
+
+
+def test_graph_decode_across_splits(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A context longer than one split: the decode kernel the graphs run writes a partial per
+    split and the reduction merges them; the shorter sequence leaves its later splits empty."""
+    splits: list[int] = []
+    launch = decode_attention_host._launch
+
+    def recording(*args: object) -> None:
+        splits.append(args[-2])  # num_splits
+        launch(*args)
+
+    monkeypatch.setattr(decode_attention_host, "_launch", recording)
+    prompts = random_prompts((LONG_PROMPT, 40), seed=9)
+    expected = [greedy_generate(tiny, prompt, NEW_TOKENS) for prompt in prompts]
+    runner = _runner(tiny, 2, max_model_len=LONG_MODEL_LEN)
+    assert _generate(runner, prompts, chunk=LONG_PROMPT) == expected
+    assert runner._graphs is not None and runner._graphs.steps_run == NEW_TOKENS - 1
+    assert max(splits) > 1, f"the decode kernel never split: {splits}"
 
 
 def test_batches_larger_than_the_graphs_run_eagerly(
