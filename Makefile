@@ -62,8 +62,10 @@ bench: install
 	$(PIP) install -e '.[bench]'
 	$(PY) -m benchmarks.cli $(ARGS)
 
-# make gpu-check OUT=/path [ARGS=--dry-run]: kernel tests, ceilings, kernel and model benchmarks
-# on a GPU machine; no venv (it runs where only torch/triton/transformers are); scripts/gpu_check.py
+# make gpu-check OUT=/path [ARGS=--dry-run|--only models]: kernel tests, ceilings, kernel and model
+# benchmarks on a GPU machine, each section a child with a hard budget (415 s in all), report.md
+# ending with a PASS/FAIL row per goal; no venv (only python3, torch, triton, transformers
+# optional); exit 0 only when everything passed. scripts/gpu_check.py
 .PHONY: gpu-check
 gpu-check:
 	PYTHONPATH=. $(PYTHON) scripts/gpu_check.py --out $(or $(OUT),gpu-check-out) $(ARGS)

@@ -1,6 +1,11 @@
-"""report.md of the GPU check: one heading per section, its status, then its tables."""
+"""report.md of the GPU check: one heading per section, its status, then its tables; last, the
+verdict table (one PASS/FAIL row per goal, benchmarks/gpu_verdicts.py)."""
 
 from __future__ import annotations
+
+from benchmarks.gpu_verdicts import verdict_table
+
+SECTIONS = ("environment", "tests", "ceilings", "attention", "small_ops", "models")
 
 MODEL_COLUMNS = (
     ("model", "model", "{}"), ("steps", "mode", "{}"), ("batch", "batch", "{}"),
@@ -12,9 +17,26 @@ MODEL_COLUMNS = (
 )  # fmt: skip
 
 
+def rows_of(text: str) -> list[dict]:
+    """The rows of every markdown table in a benchmark's output, as dicts by header."""
+    rows, header = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif set("".join(cells)) <= set("- "):
+            continue
+        else:
+            rows.append(dict(zip(header, cells, strict=False)))
+    return rows
+
+
 def _cell(row: dict, key: str | None, fmt: str) -> str:
     if key is None:
-        return f"{row['prompt_len']}+{row['new_tokens']}"
+        return f"{row.get('prompt_len')}+{row.get('new_tokens')}"
     value = row.get(key)
     return "n/a" if value is None else fmt.format(value)
 
@@ -38,7 +60,12 @@ def _models(section: dict) -> list[str]:
 
 
 def _section(name: str, section: dict) -> list[str]:
-    lines = [f"## {name}", "", f"status: **{section.get('status')}** ({section.get('seconds')}s)"]
+    budget = f" of {section['budget_s']}s" if "budget_s" in section else ""
+    lines = [
+        f"## {name}",
+        "",
+        f"status: **{section.get('status')}** ({section.get('seconds')}s{budget})",
+    ]
     if "command" in section:
         lines += ["", f"`{section['command']}`"]
     if name == "environment":
@@ -57,12 +84,11 @@ def _section(name: str, section: dict) -> list[str]:
     elif name == "tests":
         tail = section.get("stdout", "").strip().splitlines()[-15:]
         lines += ["", "```", *tail, "```"] if tail else []
-    elif "stdout" in section:
-        lines += ["", section["stdout"].strip()]
-    if section.get("stderr_tail", "").strip() and not str(section.get("status")).startswith(
-        "passed"
-    ):
-        lines += ["", "stderr (tail):", "```", section["stderr_tail"].strip()[-1500:], "```"]
+    elif "rows" in section:  # a kernel benchmark: its whole output, tables and all
+        return lines + ["", section.get("stdout", "").strip(), ""]
+    if not str(section.get("status")).startswith(("passed", "collected only (dry run): passed")):
+        tail = section.get("stdout", "").strip()[-1500:]
+        lines += ["", "output (tail):", "```", tail, "```"] if tail else []
     return lines + [""]
 
 
@@ -73,9 +99,10 @@ def render(report: dict) -> str:
         else ("GPU check")
     )
     lines = [f"# {title}", ""]
-    for name in ("environment", "tests", "ceilings", "attention", "small_ops", "models"):
+    for name in SECTIONS:
         if name in report:
             lines += _section(name, report[name])
     if "total_seconds" in report:
-        lines.append(f"total: {report['total_seconds']}s")
+        lines += [f"total: {report['total_seconds']}s", ""]
+    lines += ["## Verdicts", "", *verdict_table(report.get("verdicts", []))]
     return "\n".join(lines) + "\n"

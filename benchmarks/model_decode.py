@@ -253,8 +253,11 @@ def hf_generate(hf, prompts: list[list[int]], new_tokens: int, device: str) -> d
     }
 
 
-def measure(name: str, config: LlamaConfig, work: Workload, dtype, device, copy_gbps) -> list:
-    """One row per batch size: ours (runner, triton kernels) beside HF on the same weights."""
+def measure(
+    name: str, config: LlamaConfig, work: Workload, dtype, device, copy_gbps, on_row=None
+) -> list:
+    """One row per batch size: ours (runner, triton kernels) beside HF on the same weights.
+    on_row(row) is called as each row is measured (the GPU check saves it at once)."""
     try:
         hf = hf_model(config, dtype, device)
         hf_error = None
@@ -287,6 +290,8 @@ def measure(name: str, config: LlamaConfig, work: Workload, dtype, device, copy_
             rows[-1]["mode"] = mode
             rows[-1]["graphs_captured"] = runner.cuda_graph_sizes
             rows[-1]["capture_s"] = capture_s[mode]
+            if on_row is not None:
+                on_row(rows[-1])
     return rows
 
 

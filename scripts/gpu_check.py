@@ -1,162 +1,214 @@
 """One script for a GPU machine with no network: kernel tests on CUDA, the device's measured
 ceilings, the attention and small-op kernel benchmarks, and whole-model decode against Hugging
-Face, written as report.md and report.json to an output folder.
+Face, written as report.md and report.json to an output folder, ending with one PASS/FAIL row
+per goal (benchmarks/gpu_verdicts.py).
 
     make gpu-check OUT=/path          # PYTHONPATH=. python3 scripts/gpu_check.py --out /path
     python3 scripts/gpu_check.py --out /tmp/x --dry-run   # tiny shapes, CPU, interpreter, fp32
+    python3 scripts/gpu_check.py --out /path --only models,attention   # rerun two sections
 
-Needs only torch, triton (and transformers for the HF baseline, pytest for the tests); packages
-the worker's loaders and servers import (gguf, prometheus_client, ...) are never imported. Each
-section is written out as soon as it ends, so a run cut short still leaves what it measured;
-a part that could not run says NOT RUN, never passed."""
+Needs only python3, torch, triton (and transformers for the HF baseline, pytest for the
+tests): the worker's compute path imports no grpc, protobuf, llguidance, gguf, ...
+(tests/unit/test_gpu_check.py proves it with them blocked).
+
+Every section runs in a child process of its own (python -u: unbuffered, so a section cut
+short keeps the tables it printed) with a hard budget: at BUDGETS_S[name] seconds its process
+group is killed and the section reads "FAIL: timeout". The budgets add up to TOTAL_BUDGET_S,
+which leaves time for a rerun of the slowest sections in the same device lease. report.md and
+report.json are rewritten after every section. Exit status: 0 only when every section passed
+and (outside a dry run) every goal is PASS."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("environment", "tests", "ceilings", "attention", "small_ops", "models")
-# What pytest runs on CUDA. Deselected: the one test that starts the worker's gRPC servicer,
-# which needs packages (prometheus_client, grpc_health) the GPU machine does not have.
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gpu_report import render, rows_of  # noqa: E402
+from benchmarks.gpu_verdicts import verdicts  # noqa: E402
+
+# Seconds each section may run, the child's start-up (importing torch, CUDA init) included.
+BUDGETS_S = {
+    "environment": 30,
+    "tests": 120,  # the kernel and graph tests on CUDA (compiles included)
+    "ceilings": 30,
+    "attention": 75,
+    "small_ops": 40,
+    "models": 120,  # SmolLM2 first: the goals are stated for it
+}
+SECTIONS = tuple(BUDGETS_S)
+TOTAL_BUDGET_S = sum(BUDGETS_S.values())  # 415 s: under 8 minutes with a minute to spare
+# What pytest runs on CUDA. Left out: the test that starts the worker's gRPC servicer and the
+# one that starts a worker process (both need grpc, which the GPU machine may not have), and
+# the sm_90 compile tests (CPU work, proven before the check runs: they would spend a minute
+# of the lease).
 GPU_TESTS = (
-    "-k", "not describe_reports_kernels", "tests/kernels",
+    "-k", "not describe_reports_kernels and not says_why and not compile", "tests/kernels",
     "tests/unit/worker/test_triton_engine.py", "tests/unit/worker/test_decode_graphs.py",
 )  # fmt: skip
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scripts/gpu_check.py")
-    p.add_argument("--out", required=True, help="folder for report.md and report.json")
+    p.add_argument("--out", required=True, type=Path, help="folder for report.md and report.json")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (interpreter)")
     p.add_argument("--skip-tests", action="store_true", help="do not run pytest")
-    return p.parse_args(argv)
+    p.add_argument("--only", default="", help="comma-separated sections to (re)run; the others "
+                   "are kept from OUT/report.json")  # fmt: skip
+    args = p.parse_args(argv)
+    only = [s for s in args.only.split(",") if s]
+    if unknown := set(only) - set(SECTIONS):
+        p.error(f"--only: unknown sections {sorted(unknown)}; they are {', '.join(SECTIONS)}")
+    args.only = only or list(SECTIONS)
+    return args
 
 
 def child_env(dry_run: bool) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    # No pytest plugins but the project's: the GPU machine has none, and the tests need none.
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1",
+               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # fmt: skip
     if dry_run:
         env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
     return env
 
 
-def run_child(args: list[str], dry_run: bool, timeout_s: float) -> dict:
-    """A python -m subprocess in the repository root; its output kept whatever happens."""
+def run_child(name: str, args: list[str], out: Path, dry_run: bool) -> dict:
+    """python -u ARGS in the repository root, killed with its process group at the section's
+    budget; its output goes to OUT/logs/NAME.log as it is printed."""
+    budget = BUDGETS_S[name]
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    log_path = out / "logs" / f"{name}.log"
     started = time.perf_counter()
-    try:
-        done = subprocess.run(
-            [sys.executable, *args], cwd=ROOT, env=child_env(dry_run), capture_output=True,
-            text=True, timeout=timeout_s,
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-u", *args], cwd=ROOT, env=child_env(dry_run), stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        rc, out, err = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, out, err = None, _text(exc.stdout), _text(exc.stderr) + f"\ntimed out at {timeout_s}s"
-    status = "passed" if rc == 0 else ("timed out" if rc is None else f"failed (rc {rc})")
+        try:
+            rc = proc.wait(timeout=budget)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
+    text = log_path.read_text(errors="replace")
+    if rc is None:
+        status = f"FAIL: timeout (killed at its {budget}s budget)"
+    else:
+        status = "passed" if rc == 0 else f"failed (rc {rc})"
     return {
         "status": status, "seconds": round(time.perf_counter() - started, 1),
-        "command": " ".join(["python", *args]), "stdout": out, "stderr_tail": err[-3000:],
+        "budget_s": budget, "command": " ".join(["python -u", *args]), "stdout": text,
+        "log": str(log_path),
     }  # fmt: skip
 
 
-def _text(data: bytes | str | None) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+def json_section(name: str, args: list[str], out: Path, dry_run: bool) -> dict:
+    """A benchmarks.gpu_measure section: its JSON (as far as it got) beside the run's status."""
+    path = out / "sections" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    extra = ["--dry-run"] if dry_run else []
+    run = run_child(name, ["-m", "benchmarks.gpu_measure", name, "--json", str(path), *args,
+                           *extra], out, dry_run)  # fmt: skip
+    measured = json.loads(path.read_text()) if path.exists() else {}
+    if run["status"] != "passed" or str(measured.get("status", "")).startswith("failed"):
+        measured.pop("status", None)  # the run's failure is the section's
+    else:
+        run["status"] = "passed"
+    return {**measured, **run, "status": run["status"]}
 
 
 def tests_section(args: argparse.Namespace) -> dict:
     if args.skip_tests:
-        return {"status": "NOT RUN (--skip-tests)"}
+        return {"status": "not run (--skip-tests)"}
+    import importlib.util
+
     if importlib.util.find_spec("pytest") is None:
-        print("pytest is not installed: the kernel tests are NOT RUN", file=sys.stderr)
-        return {"status": "NOT RUN (pytest is not installed)"}
-    pytest_args = ["-m", "pytest", "-q", *GPU_TESTS]
+        return {"status": "not run (pytest is not installed)"}
+    pytest_args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *GPU_TESTS]
     if args.dry_run:  # proves the command and the collection; running them is the GPU's job
-        result = run_child([*pytest_args, "--collect-only"], True, 120)
+        result = run_child("tests", [*pytest_args, "--collect-only"], args.out, True)
         result["status"] = f"collected only (dry run): {result['status']}"
         return result
-    return run_child(pytest_args, False, 170)
+    return run_child("tests", pytest_args, args.out, False)
 
 
-def markdown_tables(text: str) -> list[dict]:
-    """The rows of every markdown table in a benchmark's output, as dicts by header."""
-    rows, header = [], None
-    for line in text.splitlines():
-        if not line.startswith("|"):
-            header = None
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if header is None:
-            header = cells
-        elif set("".join(cells)) <= set("- "):
-            continue
-        else:
-            rows.append(dict(zip(header, cells, strict=False)))
-    return rows
-
-
-def bench_section(module: str, args: argparse.Namespace, timeout_s: float) -> dict:
-    result = run_child(["-m", module, *(["--dry-run"] if args.dry_run else [])], args.dry_run,
-                       timeout_s)  # fmt: skip
-    result["rows"] = markdown_tables(result["stdout"])
+def bench_section(name: str, module: str, args: argparse.Namespace, copy_gbps: float) -> dict:
+    extra = ["--dry-run"] if args.dry_run else []
+    result = run_child(name, ["-m", module, *extra], args.out, args.dry_run)
+    result["rows"] = rows_of(result["stdout"])
+    for row in result["rows"]:  # decode rows also as a share of this check's copy bandwidth
+        if copy_gbps and row.get("decode") == "decode" and "kernel GB/s" in row:
+            row["kernel % of check copy"] = round(100 * float(row["kernel GB/s"]) / copy_gbps, 1)
     return result
 
 
-def with_check_copy(section: dict, ceilings: dict) -> dict:
-    """Decode rows also as a share of the copy bandwidth this script measured (MBU's base)."""
-    copy = ceilings.get("copy_gbps")
-    for row in section.get("rows", []):
-        if copy and row.get("decode") == "decode" and "kernel GB/s" in row:
-            row["kernel % of check copy"] = round(100 * float(row["kernel GB/s"]) / copy, 1)
-    return section
+def run_section(name: str, args: argparse.Namespace, report: dict) -> dict:
+    copy = report.get("ceilings", {}).get("copy_gbps") or 0.0
+    if name == "environment":
+        return json_section(name, [], args.out, args.dry_run)
+    if name == "tests":
+        return tests_section(args)
+    if name == "ceilings":
+        return json_section(name, [], args.out, args.dry_run)
+    if name == "attention":
+        return bench_section(name, "benchmarks.kernels.attention", args, copy)
+    if name == "small_ops":
+        return bench_section(name, "benchmarks.kernels.small_ops", args, copy)
+    budget = ["--copy-gbps", str(copy or "nan"), "--budget-s", str(BUDGETS_S[name])]
+    return json_section(name, budget, args.out, args.dry_run)
 
 
 def write(out: Path, report: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    report["verdicts"] = verdicts(report)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    from benchmarks.gpu_report import render
-
     (out / "report.md").write_text(render(report))
+
+
+def failed(section: dict) -> bool:
+    status = str(section.get("status", ""))
+    return status.startswith(("failed", "FAIL")) or "failed" in status
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if args.dry_run:
-        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports a kernel
-    sys.path.insert(0, str(ROOT))
-    from benchmarks import gpu_measure
-
-    out, started = Path(args.out), time.perf_counter()
     report: dict = {"dry_run": args.dry_run}
-    steps = {
-        "environment": lambda: gpu_measure.environment(args.dry_run),
-        "tests": lambda: tests_section(args),
-        "ceilings": lambda: gpu_measure.ceilings(args.dry_run),
-        "attention": lambda: with_check_copy(
-            bench_section("benchmarks.kernels.attention", args, 110), report["ceilings"]
-        ),
-        "small_ops": lambda: bench_section("benchmarks.kernels.small_ops", args, 60),
-        "models": lambda: gpu_measure.models(args.dry_run, report["ceilings"]),
-    }
-    for name in SECTIONS:
+    previous = args.out / "report.json"
+    if len(args.only) < len(SECTIONS) and previous.exists():
+        kept = json.loads(previous.read_text())
+        report.update({n: kept[n] for n in SECTIONS if n in kept and n not in args.only})
+    started = time.perf_counter()
+    print(f"sections {', '.join(args.only)}: budgets {TOTAL_BUDGET_S}s in all", flush=True)
+    for name in args.only:
+        print(f"== {name} (budget {BUDGETS_S[name]}s) ...", flush=True)
         section_started = time.perf_counter()
-        print(f"== {name} ...", flush=True)
         try:
-            report[name] = steps[name]()
+            report[name] = run_section(name, args, report)
         except Exception as err:  # one broken section must not lose the others
             report[name] = {"status": f"failed: {type(err).__name__}: {err}"}
         report[name].setdefault("seconds", round(time.perf_counter() - section_started, 1))
-        print(f"   {report[name].get('status', 'done')} ({report[name]['seconds']}s)", flush=True)
-        write(out, report)
+        print(f"   {report[name]['status']} ({report[name]['seconds']}s)", flush=True)
+        write(args.out, report)
     report["total_seconds"] = round(time.perf_counter() - started, 1)
-    write(out, report)
-    print(f"wrote {out / 'report.md'} and report.json in {report['total_seconds']}s")
-    failed = [n for n in SECTIONS if str(report[n].get("status", "")).startswith("failed")]
-    return 1 if failed else 0
+    write(args.out, report)
+    for row in report["verdicts"]:
+        print(f"{row['verdict']:>14}  {row['goal']}: {row['measured']} (goal {row['target']})")
+    print(f"wrote {args.out / 'report.md'} and report.json in {report['total_seconds']}s")
+    bad = [n for n in SECTIONS if n in report and failed(report[n])]
+    missed = [] if args.dry_run else [r for r in report["verdicts"] if r["verdict"] != "PASS"]
+    return 1 if bad or missed else 0
 
 
 if __name__ == "__main__":

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             for context in ints(args.contexts):
                 (ours, theirs), error = decode_row(batch, context, head_dim, dtype, args)
                 failed |= error > error_allowed(dtype)
-                print(f"| decode | {batch} | {context} | {head_dim} | {ours:.1f} | {theirs:.1f} "
+                print(f"| decode | {batch} | {context} | {head_dim} | {ours:.4g} | {theirs:.4g} "
                       f"| {100 * ours / copy_gbps:.0f}% | {error:.1e} |")  # fmt: skip
     print("\n| prefill | seq len | batch | D | kernel TFLOP/s | SDPA TFLOP/s | % of matmul "
           "| max err |")  # fmt: skip
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             (ours, theirs), error = prefill_row(seq_len, head_dim, dtype, args)
             failed |= error > error_allowed(dtype)
             batch = max(1, args.prefill_tokens // seq_len)
-            print(f"| prefill | {seq_len} | {batch} | {head_dim} | {ours:.2f} | {theirs:.2f} "
+            print(f"| prefill | {seq_len} | {batch} | {head_dim} | {ours:.4g} | {theirs:.4g} "
                   f"| {100 * ours / matmul_tflops:.0f}% | {error:.1e} |")  # fmt: skip
     if failed:
         print("a kernel disagrees with torch (max err above)", file=sys.stderr)
