@@ -74,16 +74,18 @@ class NewSequence(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., block_tables: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ...) -> None: ...
 
 class RunningSequence(_message.Message):
-    __slots__ = ("request_id", "num_new_tokens", "trace", "new_block_tables")
+    __slots__ = ("request_id", "num_new_tokens", "trace", "new_block_tables", "draft_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
     NEW_BLOCK_TABLES_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_new_tokens: int
     trace: _common_pb2.TraceContext
     new_block_tables: _containers.RepeatedCompositeFieldContainer[BlockTable]
-    def __init__(self, request_id: _Optional[str] = ..., num_new_tokens: _Optional[int] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., new_block_tables: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ...) -> None: ...
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., num_new_tokens: _Optional[int] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., new_block_tables: _Optional[_Iterable[_Union[BlockTable, _Mapping]]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("step_id", "new_sequences", "running", "finished_ids", "trace")

@@ -18,8 +18,9 @@ from services.worker.engine.kv_cache import (
     num_blocks_for_bytes,
 )
 from services.worker.engine.plan import Sampled, StepPlan
-from services.worker.engine.sampler import Sampler
+from services.worker.engine.sampler import SampleOutput, Sampler
 from services.worker.engine.sequences import PlanLimits, SequenceState, validate_plan
+from services.worker.engine.spec_verify import DraftRows, accept, draft_rows
 from services.worker.engine.structured import structured_decoder
 from services.worker.kernel_choice import check_kernel_device, resolve_kernels
 from services.worker.model.loaded import LoadedModel
@@ -39,6 +40,7 @@ DEFAULT_CUDA_GRAPH_MAX_BATCH = 256
 class _Scheduled:
     state: SequenceState
     num_new: int  # tokens computed this step, starting at state.num_computed
+    num_drafts: int = 0  # of those, proposed tokens at the end of state.token_ids (to verify)
 
 
 class ModelRunner:
@@ -251,7 +253,8 @@ class ModelRunner:
             state = self._requests[diff.request_id]
             for table, appended in zip(state.block_tables, diff.new_block_tables, strict=True):
                 table.extend(appended)
-            scheduled.append(_Scheduled(state, diff.num_new_tokens))
+            state.token_ids.extend(diff.draft_token_ids)  # until verified: spec_verify.py
+            scheduled.append(_Scheduled(state, diff.num_new_tokens, len(diff.draft_token_ids)))
         return [item for item in scheduled if item.num_new > 0]
 
     def _run(self, scheduled: list[_Scheduled]) -> list[Sampled]:
@@ -272,9 +275,48 @@ class ModelRunner:
         ]
         if not ready:
             return []
+        drafted = [item for item in scheduled if item.num_drafts]
+        if drafted:
+            return self._sample_with_drafts(hidden, last_rows, scheduled)
         rows = last_rows[torch.tensor([i for i, _ in ready], device=self._device)]
         logits = self._model.compute_logits(hidden[rows])  # [N, V] float32
         return self._sample(logits, [state for _, state in ready])
+
+    def _sample_with_drafts(
+        self, hidden: torch.Tensor, last_rows: torch.Tensor, scheduled: list[_Scheduled]
+    ) -> list[Sampled]:
+        """Speculative decoding: logits at the last row of each caught-up sequence without
+        proposals, and at the 1 + d last rows of each with d proposed tokens, in one pass over
+        the output head; the latter are sampled as ordinary rows, and their proposals kept
+        while the sampler picks them itself (spec_verify.py)."""
+        plain = [
+            (i, item.state)
+            for i, item in enumerate(scheduled)
+            if not item.num_drafts and item.state.num_computed == len(item.state.token_ids)
+        ]
+        drafted = [(i, item) for i, item in enumerate(scheduled) if item.num_drafts]
+        offsets = [torch.zeros(1, dtype=torch.int64)] * len(plain) + [
+            -torch.arange(item.num_drafts, -1, -1) for _, item in drafted
+        ]
+        ends = last_rows[torch.tensor([i for i, _ in plain + drafted], device=self._device)]
+        rows = torch.cat(
+            [end + offset.to(self._device) for end, offset in zip(ends, offsets, strict=True)]
+        )
+        logits = self._model.compute_logits(hidden[rows])  # [N + sum(1 + d), V] float32
+        results = self._sample(logits[: len(plain)], [s for _, s in plain]) if plain else []
+        return results + self._verify(logits[len(plain) :], [item for _, item in drafted])
+
+    def _verify(self, logits: torch.Tensor, drafted: list[_Scheduled]) -> list[Sampled]:
+        states = [item.state for item in drafted]
+        num_drafts = [item.num_drafts for item in drafted]
+        out = self._draw(logits, draft_rows(states, num_drafts))
+        return accept(states, num_drafts, out, self._cache.block_size)
+
+    def _draw(self, logits: torch.Tensor, rows: DraftRows) -> SampleOutput:
+        """Samples rows that no structured-output mask constrains."""
+        return self._sampler.sample(
+            logits, rows.options, rows.prompt_token_ids, rows.output_token_ids
+        )
 
     def _forward(self, scheduled: list[_Scheduled]) -> tuple[torch.Tensor, torch.Tensor]:
         """Eager forward: hidden states [T, d] and the last row of each sequence [S]."""

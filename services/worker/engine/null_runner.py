@@ -66,6 +66,8 @@ class NullRunner:
         for running in plan.running:
             if running.request_id not in self._sequences:
                 raise ValueError(f"unknown request {running.request_id!r}")
+            # Proposed tokens are computed and all rejected: one token of its own follows.
+            self._sequences[running.request_id].num_computed -= len(running.draft_token_ids)
             scheduled.append((running.request_id, running.num_new_tokens))
         if any(num_new for _, num_new in scheduled):
             self._compute()

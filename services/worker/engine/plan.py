@@ -31,6 +31,9 @@ class RunningSequence:
     request_id: str
     num_new_tokens: int
     new_block_tables: list[list[int]]  # per KV cache group, the blocks appended to its table
+    # Speculative decoding: tokens proposed after the known ones, computed in this step
+    # (counted in num_new_tokens) and kept while they are what the sampler picks (spec_verify.py).
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -80,8 +80,25 @@ def _check_running(diff: RunningSequence, state: SequenceState, limits: PlanLimi
     # The held blocks were checked when they arrived: each step checks only what it appends.
     appended = zip(state.block_tables, diff.new_block_tables, strict=True)
     tables = [(len(held), new) for held, new in appended]
-    known = len(state.token_ids)
+    known = len(state.token_ids) + len(diff.draft_token_ids)
+    if diff.draft_token_ids:
+        _check_drafts(diff, state, known, limits)
     _check_extent(rid, state.num_computed, diff.num_new_tokens, known, tables, limits)
+
+
+def _check_drafts(
+    diff: RunningSequence, state: SequenceState, known: int, limits: PlanLimits
+) -> None:
+    """Proposed tokens are real tokens, follow the known ones in a step that reaches their end
+    (it samples), and never meet an output constraint (its matcher cannot take them back)."""
+    rid = diff.request_id
+    if state.num_computed + diff.num_new_tokens != known:
+        raise ValueError(f"{rid!r}: draft tokens in a step that does not reach their end")
+    bad_ids = [t for t in diff.draft_token_ids if not 0 <= t < limits.vocab_size]
+    if bad_ids:
+        raise ValueError(f"{rid!r}: draft token id {bad_ids[0]} outside the vocabulary")
+    if state.sampling.structured is not None:
+        raise ValueError(f"{rid!r}: draft tokens for a sequence with an output constraint")
 
 
 def _check_group_count(rid: str, num_tables: int, limits: PlanLimits) -> None:

@@ -20,7 +20,9 @@ import torch.distributed as dist
 from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.plan import Sampled, StepPlan
+from services.worker.engine.sampler import SampleOutput
 from services.worker.engine.sequences import SequenceState
+from services.worker.engine.spec_verify import DraftRows
 from services.worker.model.loader import LoadedModel
 
 _SAMPLING_FAILED = -1  # broadcast instead of tokens when rank 0's sampler raised
@@ -108,6 +110,24 @@ class TensorParallelRunner(ModelRunner):
         for state, token in zip(states, token_ids, strict=True):
             state.token_ids.append(token)
         return [Sampled(s.request_id, t) for s, t in zip(states, token_ids, strict=True)]
+
+    def _draw(self, logits: torch.Tensor, rows: DraftRows) -> SampleOutput:
+        """Speculative rows: rank 0 draws and broadcasts the tokens; every rank then keeps the
+        same proposals (spec_verify.accept)."""
+        count = len(rows.options)
+        if self._rank == 0:
+            try:
+                out = super()._draw(logits, rows)
+            except BaseException:
+                self._broadcast_tokens(torch.full((count,), _SAMPLING_FAILED))
+                raise
+            self._broadcast_tokens(torch.tensor(out.token_ids))
+            return out
+        tokens = torch.empty(count, dtype=torch.int64)
+        self._broadcast_tokens(tokens)
+        if bool((tokens == _SAMPLING_FAILED).any()):
+            raise RuntimeError("rank 0 failed to sample a step; this rank is out of step")
+        return SampleOutput(tokens.tolist(), [None] * count, [[] for _ in range(count)])
 
     def _broadcast_tokens(self, tokens: torch.Tensor) -> None:
         """tokens: [N] int64 on the CPU; rank 0's values end up on every rank."""

@@ -65,6 +65,7 @@ def plan_from_proto(msg: worker_pb2.StepRequest) -> StepPlan:
                 s.request_id,
                 s.num_new_tokens,
                 [list(t.block_ids) for t in s.new_block_tables],
+                list(s.draft_token_ids),
             )
             for s in msg.running
         ],
