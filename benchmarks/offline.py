@@ -14,6 +14,7 @@ from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
+from services.scheduler.spec_decode import Proposer
 from services.worker.engine.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.plan import NewSequence, RunningSequence, Sampled, StepPlan
@@ -35,9 +36,13 @@ def make_runner(loaded: LoadedModel, num_blocks: int) -> ModelRunner:
 
 
 def make_engine(
-    loaded: LoadedModel, num_blocks: int, limits: SchedulerLimits, async_scheduling: bool = False
+    loaded: LoadedModel,
+    num_blocks: int,
+    limits: SchedulerLimits,
+    async_scheduling: bool = False,
+    proposer: Proposer | None = None,
 ) -> OfflineEngine:
-    return OfflineEngine(make_runner(loaded, num_blocks), limits, async_scheduling)
+    return OfflineEngine(make_runner(loaded, num_blocks), limits, async_scheduling, proposer)
 
 
 def service_async_scheduling(device: str = "cpu") -> bool:
@@ -63,7 +68,10 @@ def to_plan(step: ScheduledStep) -> StepPlan:
             )
             for r, n in step.new
         ],
-        running=[RunningSequence(r.request_id, n, blocks) for r, n, blocks in step.running],
+        running=[
+            RunningSequence(r.request_id, n, blocks, step.drafts.get(r.request_id, []))
+            for r, n, blocks in step.running
+        ],
         finished_ids=step.finished_ids,
     )
 
@@ -74,16 +82,21 @@ OnUpdate = Callable[[list[tuple[Request, Sample]]], None]
 
 class OfflineEngine:
     def __init__(
-        self, runner: ModelRunner, limits: SchedulerLimits, async_scheduling: bool = False
+        self,
+        runner: ModelRunner,
+        limits: SchedulerLimits,
+        async_scheduling: bool = False,
+        proposer: Proposer | None = None,
     ) -> None:
-        """Prefix caching is on or off as limits.enable_prefix_caching says."""
+        """Prefix caching is on or off as limits.enable_prefix_caching says. proposer:
+        speculative decoding's (None: off); it runs synchronously, as the service's engine."""
         self.runner = runner
-        self.async_scheduling = async_scheduling
+        self.async_scheduling = async_scheduling and proposer is None
         windows = tuple(group.window for group in runner.kv_cache_groups)
         pool = BlockPool(runner.num_blocks)
         kv = KVCacheManager(pool, runner.block_size, runner.fingerprint, windows)
         self.scheduler = Scheduler(
-            limits, kv, runner.max_model_len, frozenset(runner.eos_token_ids)
+            limits, kv, runner.max_model_len, frozenset(runner.eos_token_ids), proposer=proposer
         )
 
     def generate(

@@ -56,6 +56,7 @@ async def main() -> None:
             servicer.emit,
             traces=traces,
             async_scheduling=config.steps_ahead(),
+            proposer=config.proposer(),
         )
         engine.cache_events = feed.listener(engine)
         return engine

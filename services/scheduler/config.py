@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.service_settings import drain_timeout_setting, metrics_port_setting
-from services.common.settings import check_settings, positive, read_settings, setting
+from services.common.settings import at_least, check_settings, positive, read_settings, setting
+from services.scheduler.spec_decode import NgramProposer
 
 ROUTING_MODES = ("prefix", "load", "round-robin")
 # Without registration, no --worker means the one worker of `make run`'s defaults.
@@ -72,6 +73,39 @@ class SchedulerConfig:
         """async_scheduling for an Engine: True, False, or None (by the worker's device)."""
         return {"on": True, "off": False}.get(self.async_scheduling)
 
+    # Speculative decoding with n-gram lookup (spec_decode.py; docs/benchmarks.md "Speculative
+    # decoding" for the default). With it on, steps are synchronous whatever async_scheduling
+    # says.
+    num_speculative_tokens: int = setting(
+        "--num-speculative-tokens",
+        env="NUM_SPECULATIVE_TOKENS",
+        default=0,
+        check=at_least(0),
+        help="speculative decoding: tokens proposed per decode step by n-gram lookup in the "
+        "request's prompt and output, verified by the worker in the same step; 0 = off "
+        "(env LAYERSERVE_NUM_SPECULATIVE_TOKENS)",
+    )
+    spec_ngram_min: int = setting(
+        "--spec-ngram-min",
+        env="SPEC_NGRAM_MIN",
+        default=2,
+        check=positive,
+        help="the shortest suffix of a request's tokens looked up for a proposal",
+    )
+    spec_ngram_max: int = setting(
+        "--spec-ngram-max",
+        env="SPEC_NGRAM_MAX",
+        default=4,
+        check=positive,
+        help="the longest suffix looked up (the longest one found decides)",
+    )
+
+    def proposer(self) -> NgramProposer | None:
+        """Speculative decoding's proposer; None when off."""
+        if not self.num_speculative_tokens:
+            return None
+        return NgramProposer(self.spec_ngram_min, self.spec_ngram_max, self.num_speculative_tokens)
+
     aliases_file: str | None = setting(  # its [aliases] table is loaded at start
         "--aliases",
         env="SCHEDULER_ALIASES",
@@ -128,6 +162,11 @@ class SchedulerConfig:
             raise ValueError(
                 "--worker-registration needs LAYERSERVE_ADMIN_KEY: workers register through "
                 "the Admin API, with that key"
+            )
+        if self.spec_ngram_min > self.spec_ngram_max:
+            raise ValueError(
+                f"--spec-ngram-min {self.spec_ngram_min} exceeds --spec-ngram-max "
+                f"{self.spec_ngram_max}"
             )
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("--max-num-batched-tokens and --max-num-seqs must be positive")

@@ -18,6 +18,10 @@ requests of step n + 1 that sample in step n get their token as a placeholder, w
 fills in from its own sampled token (scheduler.py). Synchronous (1): each step's result is
 applied before the next is scheduled.
 
+Speculative decoding (a proposer, spec_decode.py) runs synchronously whatever
+async_scheduling says, as vLLM v1 first did: a request's proposals follow its last token, which
+must be known when the step is scheduled.
+
 The worker is reached through a WorkerLink (worker_link.py, the transport). When it fails, the
 engine ends its requests (UNAVAILABLE) and connects again, with a fresh Scheduler: the worker's
 KV cache is gone with it. Tracing and metrics watch the Scheduler's events (scheduler_events.py)
@@ -41,7 +45,8 @@ from services.scheduler.request_trace import RequestTracer, RequestTraces
 from services.scheduler.scheduler import Scheduler, SchedulerLimits
 from services.scheduler.scheduler_events import SchedulerObserver
 from services.scheduler.scheduler_metrics import SchedulerMetrics
-from services.scheduler.step import ScheduledStep, StepRejected, StepResult
+from services.scheduler.spec_decode import Proposer
+from services.scheduler.step import Sample, ScheduledStep, StepRejected, StepResult
 from services.scheduler.step_trace import UNTRACED, StepTrace, StepTracer
 from services.scheduler.worker_info import WorkerInfo
 from services.scheduler.worker_link import StepStream, WorkerLink, failure_reason
@@ -62,9 +67,11 @@ class Engine:
         cache_events: CacheEventListener | None = None,
         traces: RequestTraces | None = None,
         async_scheduling: bool | None = True,
+        proposer: Proposer | None = None,
     ) -> None:
         """async_scheduling: send each step before the last one's result is back (see above);
-        None: only to a worker that computes on a GPU (decided when it connects)."""
+        None: only to a worker that computes on a GPU (decided when it connects). proposer:
+        speculative decoding's (None: off); with one, steps are synchronous."""
         self.address = address
         self.limits = limits
         self._emit = emit  # where outputs go (the server's sessions)
@@ -79,8 +86,9 @@ class Engine:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._step_id = 0
-        self._async_scheduling = async_scheduling
-        self.max_steps_in_flight = 2 if async_scheduling else 1
+        self.proposer = proposer
+        self._async_scheduling = async_scheduling and proposer is None
+        self.max_steps_in_flight = 2 if self._async_scheduling else 1
         self._in_flight: deque[StepTrace] = deque()  # steps sent, oldest first
 
     # -- the loop ------------------------------------------------------------------------------
@@ -123,14 +131,7 @@ class Engine:
         assert self.scheduler is not None
         updated = self.scheduler.update(result.samples)
         if updated:
-            self._emit(
-                [
-                    Output.failed(request.request_id, sample.error)
-                    if sample.error is not None
-                    else Output.sampled(request, sample)
-                    for request, sample in updated
-                ]
-            )
+            self._emit([_output(request, samples) for request, samples in _by_request(updated)])
 
     def _expire(self) -> None:
         assert self.scheduler is not None
@@ -201,12 +202,17 @@ class Engine:
         info = self.info = await self.link.describe()
         ahead = self._async_scheduling
         if ahead is None:
-            ahead = info.device.startswith("cuda")
+            ahead = info.device.startswith("cuda") and self.proposer is None
         self.max_steps_in_flight = 2 if ahead else 1
         pool = BlockPool(info.num_blocks, listener=self.cache_events)
         kv = KVCacheManager(pool, info.block_size, info.model_fingerprint, info.windows)
         self.scheduler = Scheduler(
-            self.limits, kv, info.max_model_len, info.eos_token_ids, observers=self._observers()
+            self.limits,
+            kv,
+            info.max_model_len,
+            info.eos_token_ids,
+            observers=self._observers(),
+            proposer=self.proposer,
         )
         log.info(
             "worker %s ready: model %s, %d blocks of %d tokens, KV cache group windows %s, "
@@ -256,3 +262,20 @@ class Engine:
         failed = self.scheduler.fail_all(error)
         self.scheduler = None
         self._emit_errors(failed)
+
+
+def _by_request(updated: list[tuple[Request, Sample]]) -> list[tuple[Request, list[Sample]]]:
+    """A request's tokens of one step (several with speculative decoding) in one output."""
+    runs: list[tuple[Request, list[Sample]]] = []
+    for request, sample in updated:
+        if runs and runs[-1][0] is request:
+            runs[-1][1].append(sample)
+        else:
+            runs.append((request, [sample]))
+    return runs
+
+
+def _output(request: Request, samples: list[Sample]) -> Output:
+    if samples[0].error is not None:
+        return Output.failed(request.request_id, samples[0].error)
+    return Output.sampled(request, *samples)

@@ -175,6 +175,16 @@ class KVCacheManager:
             self.pool.cache([b for b, _ in kept], [h for _, h in kept], group)
         request.num_cached_blocks = num_full
 
+    def trim(self, request: Request) -> None:
+        """Returns to the pool, last first, the blocks wholly beyond the request's computed
+        tokens: those allocated for proposed tokens the worker rejected (speculative decoding).
+        None of them is cached: only verified tokens' blocks are."""
+        keep = self.blocks_for(request.num_computed_tokens)
+        assert request.num_cached_blocks <= keep, "trimming a cached block"
+        for table in request.block_tables:
+            self.pool.free(block for block in reversed(table[keep:]) if block != DROPPED)
+            del table[keep:]
+
     def free(self, request: Request) -> None:
         # Last block first, every group's block at a position together: among the request's
         # cached blocks its tail is then evicted before its head, which every longer prefix

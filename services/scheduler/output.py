@@ -1,4 +1,4 @@
-"""What the client hears of one request after a step: its new token (and its finish, with the
+"""What the client hears of one request after a step: its new tokens (and its finish, with the
 last one), or only an error. server.py turns these into scheduler.v1.RequestOutput."""
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ class Output:
     error: LayerserveError | None = None  # set when it ended in an error (finish_reason ERROR)
 
     @classmethod
-    def sampled(cls, request: Request, sample: Sample) -> Output:
+    def sampled(cls, request: Request, *samples: Sample) -> Output:
+        """The request's tokens of one step: one, or several with speculative decoding."""
         return cls(
             request.request_id,
-            [sample.token_id],
-            [sample.logprob] if sample.logprob is not None else [],
+            [sample.token_id for sample in samples],
+            [sample.logprob for sample in samples if sample.logprob is not None],
             request.num_prompt_tokens,
             request.num_cached_tokens,
             request.finish_reason,

@@ -49,6 +49,13 @@ class Request:
     # Tokens sampled in steps still in flight (their ids not yet back): 0 or 1 synchronously,
     # up to 2 with one step scheduled ahead.
     num_output_placeholders: int = 0
+    # Proposed tokens the step in flight computes after the known ones (speculative decoding).
+    spec_token_ids: list[int] = field(default_factory=list)
+    # Speculative decoding's record for this request: steps that carried proposals, the tokens
+    # proposed, and those the worker accepted (metrics and its span).
+    num_spec_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     # One block table per KV cache group, group 0 first (kv_cache_manager.py); empty while the
     # request holds no blocks. A sliding-window group's table has -1 for blocks it dropped.
     block_tables: list[list[int]] = field(default_factory=list)
@@ -90,7 +97,12 @@ class Request:
 
     @property
     def num_tokens_to_compute(self) -> int:
-        return self.num_tokens + self.num_output_placeholders - self.num_computed_tokens
+        return (
+            self.num_tokens
+            + self.num_output_placeholders
+            + len(self.spec_token_ids)
+            - self.num_computed_tokens
+        )
 
     @property
     def num_outputs_coming(self) -> int:

@@ -8,7 +8,9 @@
   `finish`.
 
 Attributes: GenAI (model, settings, usage, finish reason) and ours (the choice id, the worker's
-address, cached prefix tokens next to those the router predicted, preemptions).
+address, cached prefix tokens next to those the router predicted, preemptions, and with
+speculative decoding the tokens proposed and accepted, the acceptance rate and the mean
+accepted length: tokens per step that carried proposals).
 
 The spans live in RequestTraces, by request id, not on the Request: the server starts a trace
 at arrival, and each worker's RequestTracer, a SchedulerObserver, moves it along as its
@@ -29,6 +31,12 @@ from services.scheduler.submission import Submission
 # The cached prefix tokens the router expected at the worker it chose (next to CACHED_TOKENS,
 # those the worker's cache actually served).
 PREDICTED_CACHED_TOKENS = "layerserve.predicted_cached_prefix_tokens"
+# Speculative decoding: tokens proposed, accepted, their ratio, and the tokens per step that
+# carried proposals (accepted + the step's own).
+SPEC_DRAFT_TOKENS = "layerserve.spec_decode.draft_tokens"
+SPEC_ACCEPTED_TOKENS = "layerserve.spec_decode.accepted_tokens"
+SPEC_ACCEPTANCE_RATE = "layerserve.spec_decode.acceptance_rate"
+SPEC_MEAN_ACCEPTED_LENGTH = "layerserve.spec_decode.mean_accepted_length"
 
 
 class RequestTrace:
@@ -117,7 +125,24 @@ class RequestTrace:
             if request.predicted_cached_tokens is not None:
                 self.span.set_attribute(PREDICTED_CACHED_TOKENS, request.predicted_cached_tokens)
             self.span.set_attribute(attrs.PREEMPTIONS, request.num_preemptions)
+            if request.num_spec_steps:
+                self.span.set_attributes(spec_decode_attributes(request))
         tracing.finish(self.span, error)
+
+
+def spec_decode_attributes(request: Request) -> dict[str, object]:
+    """Speculative decoding's record for a request that speculated at least once."""
+    drafts, accepted, steps = (
+        request.num_draft_tokens,
+        request.num_accepted_tokens,
+        request.num_spec_steps,
+    )
+    return {
+        SPEC_DRAFT_TOKENS: drafts,
+        SPEC_ACCEPTED_TOKENS: accepted,
+        SPEC_ACCEPTANCE_RATE: accepted / drafts if drafts else 0.0,
+        SPEC_MEAN_ACCEPTED_LENGTH: (accepted + steps) / steps,
+    }
 
 
 class RequestTraces:

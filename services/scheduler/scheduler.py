@@ -30,6 +30,17 @@ aborted or was preempted after its step was sent is dropped: a request that fini
 has been sent in step n + 1 too, and the token the worker samples for it there never leaves
 this class. A request whose max_tokens or context length is reached by its placeholders is not
 scheduled again.
+
+Speculative decoding (spec_decode.py; with a proposer, and then only synchronously: the
+proposals need the last token known): a decoding request may compute up to k proposed tokens
+after its known ones in the same step. They are budgeted like any token (the step's token
+budget, KV blocks allocated for them) but never cause a preemption: when their blocks are not
+free the request decodes one token as usual. The result brings the proposals the worker
+accepted and one token of its own; each is appended and checked for a stop like any sampled
+token (tokens after a stop are dropped). The rejected proposals are rolled back: the request's
+computed tokens end at its known tokens less the last, the blocks wholly beyond them go back to
+the pool (the worker drops them from its tables by the same rule), and only verified tokens'
+blocks join the prefix cache. Constrained requests (structured outputs) do not speculate.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from services.common.errors import DeadlineExceeded, LayerserveError, ResourceEx
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import FinishReason, Request, Status
 from services.scheduler.scheduler_events import Observers, SchedulerObserver
+from services.scheduler.spec_decode import Proposer
 from services.scheduler.step import Sample, Scheduled, ScheduledStep
 from services.scheduler.waiting_queue import WaitingQueue
 from services.scheduler.worker_load import WorkerLoad
@@ -71,7 +83,10 @@ class Scheduler:
         eos_token_ids: frozenset[int],
         clock: Callable[[], float] = time.monotonic,
         observers: Sequence[SchedulerObserver] = (),
+        proposer: Proposer | None = None,
     ) -> None:
+        """proposer: speculative decoding's (None: off). Its proposals need every request's
+        last token known when it is scheduled: schedule only after the last step's update."""
         self.limits = limits
         self.kv = kv
         self.max_model_len = max_model_len
@@ -97,6 +112,11 @@ class Scheduler:
         # sampled), and every sampled token.
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
+        # Speculative decoding: request-steps that carried proposals, tokens proposed, accepted.
+        self.proposer = proposer
+        self.num_spec_steps = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         self._pending_tokens: int | None = None  # summed once per step (load())
 
     # -- requests in and out -------------------------------------------------------------
@@ -197,12 +217,14 @@ class Scheduler:
     def _sent(self, request: Request) -> Scheduled:
         """The request as the step leaves: a step that reaches its last token samples one, a
         placeholder until the result brings it."""
-        samples = (
-            request.num_computed_tokens == request.num_tokens + request.num_output_placeholders
-        )
+        num_drafts = len(request.spec_token_ids)
+        known = request.num_tokens + request.num_output_placeholders
+        samples = request.num_computed_tokens == known + num_drafts
         if samples:
             request.num_output_placeholders += 1
-        return Scheduled(request, request.num_computed_tokens, request.num_preemptions, samples)
+        return Scheduled(
+            request, request.num_computed_tokens, request.num_preemptions, samples, num_drafts
+        )
 
     def _schedule_running(self, step: ScheduledStep, budget: int) -> int:
         scheduled: set[str] = set()
@@ -211,13 +233,17 @@ class Scheduler:
                 break
             if request.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
-            if self._last_token_coming(request):
-                continue
+            if self._last_token_coming(request) or request.spec_token_ids:
+                continue  # (proposals in flight: the step that verifies them decides what follows)
+            new_blocks = self._allocate_speculative(request, budget)
             num_new = min(request.num_tokens_to_compute, budget)
-            new_blocks = self._allocate_or_preempt(request, num_new, scheduled)
+            if new_blocks is None:
+                new_blocks = self._allocate_or_preempt(request, num_new, scheduled)
             if new_blocks is None:
                 continue  # the request itself was preempted
             step.running.append((request, num_new, new_blocks))
+            if request.spec_token_ids:
+                step.drafts[request.request_id] = list(request.spec_token_ids)
             scheduled.add(request.request_id)
             budget -= num_new
         return budget
@@ -230,6 +256,28 @@ class Scheduler:
         if request.num_outputs_coming >= request.max_tokens:
             return True
         return request.num_tokens + request.num_output_placeholders >= self.max_model_len
+
+    def _allocate_speculative(self, request: Request, budget: int) -> list[list[int]] | None:
+        """Proposes tokens for a decoding request and allocates its slots with them; None (no
+        proposal, or no free blocks for it: never preempts) leaves it to decode as usual."""
+        if self.proposer is None or self._in_flight or request.num_tokens_to_compute != 1:
+            return None  # a step in flight may change the tokens; or a prefill chunk
+        if request.sampling.structured is not None:
+            return None  # the proposals would have to pass the worker's grammar too
+        room = min(
+            budget - 1,
+            request.max_tokens - len(request.output_token_ids) - 1,
+            self.max_model_len - request.num_tokens - 1,
+        )
+        if room <= 0:
+            return None
+        request.spec_token_ids = self.proposer.propose(request.all_token_ids, room)
+        if not request.spec_token_ids:
+            return None
+        new_blocks = self.kv.allocate_slots(request, request.num_tokens_to_compute)
+        if new_blocks is None:
+            request.spec_token_ids = []
+        return new_blocks
 
     def _allocate_or_preempt(
         self, request: Request, num_new: int, scheduled: set[str]
@@ -294,6 +342,7 @@ class Scheduler:
         self.kv.free(request)
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0  # tokens in flight for it are dropped on arrival
+        request.spec_token_ids = []
         request.status = Status.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -313,29 +362,61 @@ class Scheduler:
         sent = self._in_flight.popleft() if self._in_flight else []
         current = {s.request.request_id: s for s in sent if s.is_current}
         if self.limits.enable_prefix_caching:
-            for scheduled in current.values():
-                self.kv.cache_computed(scheduled.request, scheduled.num_computed)
+            for scheduled in current.values():  # proposals' KV only once verified
+                self.kv.cache_computed(
+                    scheduled.request, scheduled.num_computed - scheduled.num_drafts
+                )
         updated = []
-        for sample in samples:
-            scheduled = current.get(sample.request_id)
+        for request_samples in _by_request(samples):
+            scheduled = current.get(request_samples[0].request_id)
             if scheduled is None or not scheduled.samples:
                 continue
-            request = scheduled.request
-            request.num_output_placeholders -= 1
-            if sample.error is not None:
-                self._finish(request, FinishReason.ERROR, sample.error)
-                updated.append((request, sample))
-                continue
+            scheduled.request.num_output_placeholders -= 1
+            updated.extend(self._apply_samples(scheduled, request_samples))
+        return updated
+
+    def _apply_samples(
+        self, scheduled: Scheduled, samples: list[Sample]
+    ) -> list[tuple[Request, Sample]]:
+        """Appends a request's tokens of one step (several when proposals were accepted), each
+        checked for a stop; the tokens after a stop are dropped. Returns those applied."""
+        request = scheduled.request
+        if samples[0].error is not None:
+            self._finish(request, FinishReason.ERROR, samples[0].error)
+            return [(request, samples[0])]
+        applied, reason = [], None
+        for sample in samples:
             request.output_token_ids.append(sample.token_id)
+            applied.append((request, sample))
             self.num_generation_tokens += 1
             if len(request.output_token_ids) == 1:
                 self.num_prompt_tokens += request.num_prompt_tokens
                 self.events.first_token(request)
-            reason = self._stop_reason(request, sample.token_id)
-            if reason is not None:
-                self._finish(request, reason)
-            updated.append((request, sample))
-        return updated
+            if (reason := self._stop_reason(request, sample.token_id)) is not None:
+                break
+        if scheduled.num_drafts:
+            self._settle_proposals(scheduled, num_accepted=len(samples) - 1, kept=len(applied))
+        if reason is not None:
+            self._finish(request, reason)
+        return applied
+
+    def _settle_proposals(self, scheduled: Scheduled, num_accepted: int, kept: int) -> None:
+        """Rolls back the proposals not kept: computed tokens end before the request's last
+        known token, blocks wholly beyond them return to the pool; the verified ones' full
+        blocks join the prefix cache."""
+        request = scheduled.request
+        request.spec_token_ids = []
+        request.num_computed_tokens -= scheduled.num_drafts - (kept - 1)
+        self.kv.trim(request)
+        if self.limits.enable_prefix_caching:
+            self.kv.cache_computed(request)
+        request.num_spec_steps += 1
+        request.num_draft_tokens += scheduled.num_drafts
+        request.num_accepted_tokens += num_accepted
+        self.num_spec_steps += 1
+        self.num_draft_tokens += scheduled.num_drafts
+        self.num_accepted_tokens += num_accepted
+        self.events.speculated(request, scheduled.num_drafts, num_accepted)
 
     def fail_all(self, error: LayerserveError | None = None) -> list[Request]:
         """Ends every request with `error` (the worker failed, and its KV cache with it).
@@ -377,3 +458,15 @@ class Scheduler:
             request.on_worker = False
         del self.requests[request.request_id]
         self.events.finished(request)
+
+
+def _by_request(samples: list[Sample]) -> list[list[Sample]]:
+    """Consecutive samples of one request together (a step's accepted proposals and its own
+    token come in a run)."""
+    runs: list[list[Sample]] = []
+    for sample in samples:
+        if runs and runs[-1][0].request_id == sample.request_id:
+            runs[-1].append(sample)
+        else:
+            runs.append([sample])
+    return runs

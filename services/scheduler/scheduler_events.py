@@ -30,6 +30,10 @@ class SchedulerObserver:
     def first_token(self, request: Request) -> None:
         """Its first token came back from the worker (its prefill is done)."""
 
+    def speculated(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        """A step computed num_drafts proposed tokens for it, and the worker accepted the first
+        num_accepted of them (speculative decoding; request's counters already include them)."""
+
     def finished(self, request: Request) -> None:
         """Ended: finish_reason says how (and request.error why, for ERROR)."""
 
@@ -55,6 +59,10 @@ class Observers(SchedulerObserver):
     def first_token(self, request: Request) -> None:
         for observer in self.observers:
             observer.first_token(request)
+
+    def speculated(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        for observer in self.observers:
+            observer.speculated(request, num_drafts, num_accepted)
 
     def finished(self, request: Request) -> None:
         for observer in self.observers:

@@ -2,12 +2,15 @@
 
 Read at scrape time from each engine's Scheduler (SchedulerCollector): requests running and
 waiting, KV cache usage, and its counters (prefix cache queries and hits in tokens,
-preemptions, prompt and generation tokens, queue rejections and timeouts). The counters are
+preemptions, prompt and generation tokens, queue rejections and timeouts, speculative
+decoding's proposed and accepted tokens: acceptance rate = accepted / draft tokens). The
+counters are
 the Scheduler's own, so they restart from 0 when a worker reconnects (Prometheus' rate()
 takes that as a counter reset). Observed from the Scheduler's events (SchedulerMetrics, a
 SchedulerObserver), once per engine step: the tokens the step computes, and for each request it
 starts for the first time its queue time and how far the router's guess of its cached prefix
-was from the prefix the worker's cache actually served.
+was from the prefix the worker's cache actually served; and for each step that verified a
+request's proposals, the tokens the request got from it (accepted proposals + its own token).
 
 Prompt tokens count once a request's prefill is done (its first token sampled), whether it
 came from the cache or not; generation tokens count every sampled token. This is where the
@@ -56,6 +59,14 @@ PREDICTION_ERROR = metrics.histogram(
     ("model",),
 )
 
+ACCEPTED_LENGTH = metrics.histogram(
+    "spec_decode_accepted_length",
+    "Speculative decoding: per request and step that carried proposals, the tokens the request "
+    "got from the step (proposals accepted + 1); its mean is the mean accepted length.",
+    (1, 2, 3, 4, 5, 6, 8, 10, 12, 16),
+    ("model",),
+)
+
 _GAUGES: tuple[tuple[str, str, Callable[[Scheduler], float]], ...] = (
     ("num_requests_running", "Requests in the running batch.", lambda s: len(s.running)),
     ("num_requests_waiting", "Requests queued to start or resume.", lambda s: s.num_waiting),
@@ -92,6 +103,21 @@ _COUNTERS: tuple[tuple[str, str, Callable[[Scheduler], float]], ...] = (
         "queue_full_rejections",
         "Requests refused (RESOURCE_EXHAUSTED) because the worker's queue was full.",
         lambda s: s.num_rejected,
+    ),
+    (
+        "spec_decode_num_drafts",
+        "Speculative decoding: request-steps that carried proposed tokens.",
+        lambda s: s.num_spec_steps,
+    ),
+    (
+        "spec_decode_num_draft_tokens",
+        "Speculative decoding: tokens proposed (and computed) for verification.",
+        lambda s: s.num_draft_tokens,
+    ),
+    (
+        "spec_decode_num_accepted_tokens",
+        "Speculative decoding: proposed tokens the worker accepted (output for free).",
+        lambda s: s.num_accepted_tokens,
     ),
     (
         "queue_timeouts",
@@ -145,6 +171,9 @@ class SchedulerMetrics(SchedulerObserver):
 
     def scheduled(self, step: ScheduledStep, now: float) -> None:
         observe_step(self.model, step, now)
+
+    def speculated(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        ACCEPTED_LENGTH.labels(self.model).observe(num_accepted + 1)
 
 
 def observe_step(model: str, step: ScheduledStep, now: float) -> None:

@@ -16,6 +16,9 @@ class ScheduledStep:
     # block tables (one list per KV cache group, group 0 first).
     running: list[tuple[Request, int, list[list[int]]]] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)
+    # Speculative decoding: by request id, the proposed tokens the step computes after that
+    # running request's known tokens (counted in its tokens to compute).
+    drafts: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -41,6 +44,7 @@ class Scheduled:
     # another run of it, and the step's token for it is stale.
     run: int
     samples: bool  # the step reaches its last token (or placeholder): the worker samples one
+    num_drafts: int = 0  # proposed tokens it computes after the known ones (counted above)
 
     @property
     def is_current(self) -> bool:
@@ -52,6 +56,9 @@ class Scheduled:
 
 @dataclass(slots=True)
 class Sample:
+    """One token the worker sampled for a request. A step that carried proposals for it
+    answers with 1 + a of these, in order: the a proposals it accepted, then its own token."""
+
     request_id: str
     token_id: int
     logprob: object | None = None  # common.v1.TokenLogprob, passed through untouched

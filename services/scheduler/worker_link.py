@@ -46,6 +46,7 @@ def step_to_proto(
                 request_id=request.request_id,
                 num_new_tokens=num_new,
                 new_block_tables=_block_tables(new_blocks),
+                draft_token_ids=step.drafts.get(request.request_id, ()),
             )
         )
     if contexts is not None:

@@ -11,6 +11,7 @@ from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
+from services.scheduler.spec_decode import Proposer
 
 EOS = 2
 
@@ -46,9 +47,11 @@ def make_scheduler(
     listener: RecordingListener | None = None,
     clock: FakeClock | None = None,
     windows: tuple[int | None, ...] = (None,),
+    proposer: Proposer | None = None,
     **limits,
 ) -> Scheduler:
-    """windows: the worker's KV cache groups (kv_cache_manager.py); one full group by default."""
+    """windows: the worker's KV cache groups (kv_cache_manager.py); one full group by default.
+    proposer: speculative decoding's (spec_decode.py); None: off."""
     kv = KVCacheManager(BlockPool(num_blocks, listener), block_size, fingerprint, windows)
     return Scheduler(
         SchedulerLimits(budget, max_seqs, **limits),
@@ -56,6 +59,7 @@ def make_scheduler(
         max_model_len=256,
         eos_token_ids=frozenset({EOS}),
         clock=clock or FakeClock(),
+        proposer=proposer,
     )
 
 
