@@ -34,9 +34,16 @@ def build_runner(config: WorkerConfig) -> Runner:
     import torch
 
     from services.worker.engine.model_runner import ModelRunner
+    from services.worker.thread_choice import usable_cpus, worker_threads
 
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    threads = worker_threads(config.threads)
+    torch.set_num_threads(threads)
+    log.info(
+        "%d torch threads (%s; %d usable cores)",
+        threads,
+        "--threads" if config.threads else "auto: one per usable core",
+        usable_cpus(),
+    )
     device = config.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

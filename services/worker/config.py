@@ -66,7 +66,9 @@ class WorkerConfig:
         "--threads",
         env="WORKER_THREADS",
         default=0,
-        help="torch intra-op threads (0: torch's default)",
+        check=at_least(0),
+        help="torch intra-op threads (0: one per core this process may use: its affinity, "
+        "capped by a cgroup CPU quota such as a Kubernetes CPU limit)",
     )
     null: bool = setting(
         "--null",
