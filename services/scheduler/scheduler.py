@@ -31,16 +31,9 @@ has been sent in step n + 1 too, and the token the worker samples for it there n
 this class. A request whose max_tokens or context length is reached by its placeholders is not
 scheduled again.
 
-Speculative decoding (spec_decode.py; with a proposer, and then only synchronously: the
-proposals need the last token known): a decoding request may compute up to k proposed tokens
-after its known ones in the same step. They are budgeted like any token (the step's token
-budget, KV blocks allocated for them) but never cause a preemption: when their blocks are not
-free the request decodes one token as usual. The result brings the proposals the worker
-accepted and one token of its own; each is appended and checked for a stop like any sampled
-token (tokens after a stop are dropped). The rejected proposals are rolled back: the request's
-computed tokens end at its known tokens less the last, the blocks wholly beyond them go back to
-the pool (the worker drops them from its tables by the same rule), and only verified tokens'
-blocks join the prefix cache. Constrained requests (structured outputs) do not speculate.
+Speculative decoding (a proposer; spec_decode.py's Speculator): a decoding request may also
+compute proposed tokens, budgeted like any token but never the cause of a preemption; the
+worker's accepted ones are appended with stop checks like sampled tokens, the rest rolled back.
 """
 
 from __future__ import annotations
@@ -55,7 +48,7 @@ from services.common.errors import DeadlineExceeded, LayerserveError, ResourceEx
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import FinishReason, Request, Status
 from services.scheduler.scheduler_events import Observers, SchedulerObserver
-from services.scheduler.spec_decode import Proposer
+from services.scheduler.spec_decode import Proposer, Speculator
 from services.scheduler.step import Sample, Scheduled, ScheduledStep
 from services.scheduler.waiting_queue import WaitingQueue
 from services.scheduler.worker_load import WorkerLoad
@@ -112,11 +105,7 @@ class Scheduler:
         # sampled), and every sampled token.
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
-        # Speculative decoding: request-steps that carried proposals, tokens proposed, accepted.
-        self.proposer = proposer
-        self.num_spec_steps = 0
-        self.num_draft_tokens = 0
-        self.num_accepted_tokens = 0
+        self.speculator = Speculator(proposer, kv, max_model_len) if proposer else None
         self._pending_tokens: int | None = None  # summed once per step (load())
 
     # -- requests in and out -------------------------------------------------------------
@@ -235,7 +224,9 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             if self._last_token_coming(request) or request.spec_token_ids:
                 continue  # (proposals in flight: the step that verifies them decides what follows)
-            new_blocks = self._allocate_speculative(request, budget)
+            new_blocks = None
+            if self.speculator is not None and not self._in_flight:  # its last token known
+                new_blocks = self.speculator.propose(request, budget)
             num_new = min(request.num_tokens_to_compute, budget)
             if new_blocks is None:
                 new_blocks = self._allocate_or_preempt(request, num_new, scheduled)
@@ -256,28 +247,6 @@ class Scheduler:
         if request.num_outputs_coming >= request.max_tokens:
             return True
         return request.num_tokens + request.num_output_placeholders >= self.max_model_len
-
-    def _allocate_speculative(self, request: Request, budget: int) -> list[list[int]] | None:
-        """Proposes tokens for a decoding request and allocates its slots with them; None (no
-        proposal, or no free blocks for it: never preempts) leaves it to decode as usual."""
-        if self.proposer is None or self._in_flight or request.num_tokens_to_compute != 1:
-            return None  # a step in flight may change the tokens; or a prefill chunk
-        if request.sampling.structured is not None:
-            return None  # the proposals would have to pass the worker's grammar too
-        room = min(
-            budget - 1,
-            request.max_tokens - len(request.output_token_ids) - 1,
-            self.max_model_len - request.num_tokens - 1,
-        )
-        if room <= 0:
-            return None
-        request.spec_token_ids = self.proposer.propose(request.all_token_ids, room)
-        if not request.spec_token_ids:
-            return None
-        new_blocks = self.kv.allocate_slots(request, request.num_tokens_to_compute)
-        if new_blocks is None:
-            request.spec_token_ids = []
-        return new_blocks
 
     def _allocate_or_preempt(
         self, request: Request, num_new: int, scheduled: set[str]
@@ -394,29 +363,15 @@ class Scheduler:
                 self.events.first_token(request)
             if (reason := self._stop_reason(request, sample.token_id)) is not None:
                 break
-        if scheduled.num_drafts:
-            self._settle_proposals(scheduled, num_accepted=len(samples) - 1, kept=len(applied))
+        if scheduled.num_drafts and self.speculator is not None:
+            num_drafts, num_accepted = scheduled.num_drafts, len(samples) - 1
+            self.speculator.settle(request, num_drafts, num_accepted, len(applied))
+            if self.limits.enable_prefix_caching:
+                self.kv.cache_computed(request)  # the accepted proposals' full blocks
+            self.events.speculated(request, num_drafts, num_accepted)
         if reason is not None:
             self._finish(request, reason)
         return applied
-
-    def _settle_proposals(self, scheduled: Scheduled, num_accepted: int, kept: int) -> None:
-        """Rolls back the proposals not kept: computed tokens end before the request's last
-        known token, blocks wholly beyond them return to the pool; the verified ones' full
-        blocks join the prefix cache."""
-        request = scheduled.request
-        request.spec_token_ids = []
-        request.num_computed_tokens -= scheduled.num_drafts - (kept - 1)
-        self.kv.trim(request)
-        if self.limits.enable_prefix_caching:
-            self.kv.cache_computed(request)
-        request.num_spec_steps += 1
-        request.num_draft_tokens += scheduled.num_drafts
-        request.num_accepted_tokens += num_accepted
-        self.num_spec_steps += 1
-        self.num_draft_tokens += scheduled.num_drafts
-        self.num_accepted_tokens += num_accepted
-        self.events.speculated(request, scheduled.num_drafts, num_accepted)
 
     def fail_all(self, error: LayerserveError | None = None) -> list[Request]:
         """Ends every request with `error` (the worker failed, and its KV cache with it).

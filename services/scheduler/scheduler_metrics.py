@@ -107,17 +107,17 @@ _COUNTERS: tuple[tuple[str, str, Callable[[Scheduler], float]], ...] = (
     (
         "spec_decode_num_drafts",
         "Speculative decoding: request-steps that carried proposed tokens.",
-        lambda s: s.num_spec_steps,
+        lambda s: s.speculator.num_spec_steps if s.speculator else 0,
     ),
     (
         "spec_decode_num_draft_tokens",
         "Speculative decoding: tokens proposed (and computed) for verification.",
-        lambda s: s.num_draft_tokens,
+        lambda s: s.speculator.num_draft_tokens if s.speculator else 0,
     ),
     (
         "spec_decode_num_accepted_tokens",
         "Speculative decoding: proposed tokens the worker accepted (output for free).",
-        lambda s: s.num_accepted_tokens,
+        lambda s: s.speculator.num_accepted_tokens if s.speculator else 0,
     ),
     (
         "queue_timeouts",

@@ -19,6 +19,9 @@ from __future__ import annotations
 from array import array
 from typing import Protocol
 
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.request import Request
+
 _ITEM = array("i").itemsize  # bytes per token id in the search buffer
 
 
@@ -59,6 +62,59 @@ class NgramProposer:
                 follows = start // _ITEM + n
                 return token_ids[follows : follows + k]
         return []
+
+
+class Speculator:
+    """The scheduler's use of a Proposer: which decoding request gets how many proposals, and
+    what the worker's verdict does to it; with the counts the metrics read.
+
+    Proposals are budgeted like any token (the step's token budget; KV blocks allocated for
+    them) but never preempt: without free blocks the request decodes one token as usual. The
+    rejected ones are rolled back: the request's computed tokens end before its last known
+    token, and the blocks wholly beyond them go back to the pool (the worker drops them from
+    its tables by the same rule; none is cached, only verified tokens' blocks are)."""
+
+    def __init__(self, proposer: Proposer, kv: KVCacheManager, max_model_len: int) -> None:
+        self.proposer = proposer
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.num_spec_steps = 0  # request-steps that carried proposals
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+
+    def propose(self, request: Request, budget: int) -> list[list[int]] | None:
+        """Proposes tokens for a decoding request and allocates its slots with them
+        (request.spec_token_ids); None (no proposal, or no free blocks for it) leaves it to
+        decode as usual. Call only when its last token is known (no step in flight)."""
+        if request.num_tokens_to_compute != 1 or request.sampling.structured is not None:
+            return None  # a prefill chunk; or a constraint the proposals would have to pass
+        room = min(  # the step's own token counts against each bound
+            budget - 1,
+            request.max_tokens - len(request.output_token_ids) - 1,
+            self.max_model_len - request.num_tokens - 1,
+        )
+        if room <= 0:
+            return None
+        request.spec_token_ids = self.proposer.propose(request.all_token_ids, room)
+        if not request.spec_token_ids:
+            return None
+        new_blocks = self.kv.allocate_slots(request, request.num_tokens_to_compute)
+        if new_blocks is None:
+            request.spec_token_ids = []
+        return new_blocks
+
+    def settle(self, request: Request, num_drafts: int, num_accepted: int, kept: int) -> None:
+        """The worker accepted num_accepted of the step's num_drafts proposals and the scheduler
+        kept `kept` of the tokens it returned (fewer after a stop): rolls back the rest."""
+        request.spec_token_ids = []
+        request.num_computed_tokens -= num_drafts - (kept - 1)
+        self.kv.trim(request)
+        request.num_spec_steps += 1
+        request.num_draft_tokens += num_drafts
+        request.num_accepted_tokens += num_accepted
+        self.num_spec_steps += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
 
 
 def _rfind_token_aligned(data: bytes, pattern: bytes, end: int) -> int:

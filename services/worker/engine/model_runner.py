@@ -20,7 +20,7 @@ from services.worker.engine.kv_cache import (
 from services.worker.engine.plan import Sampled, StepPlan
 from services.worker.engine.sampler import SampleOutput, Sampler
 from services.worker.engine.sequences import PlanLimits, SequenceState, validate_plan
-from services.worker.engine.spec_verify import DraftRows, accept, draft_rows
+from services.worker.engine.spec_verify import DraftRows, accept, draft_rows, logit_rows
 from services.worker.engine.structured import structured_decoder
 from services.worker.kernel_choice import check_kernel_device, resolve_kernels
 from services.worker.model.loaded import LoadedModel
@@ -285,35 +285,22 @@ class ModelRunner:
     def _sample_with_drafts(
         self, hidden: torch.Tensor, last_rows: torch.Tensor, scheduled: list[_Scheduled]
     ) -> list[Sampled]:
-        """Speculative decoding: logits at the last row of each caught-up sequence without
-        proposals, and at the 1 + d last rows of each with d proposed tokens, in one pass over
-        the output head; the latter are sampled as ordinary rows, and their proposals kept
-        while the sampler picks them itself (spec_verify.py)."""
-        plain = [
-            (i, item.state)
-            for i, item in enumerate(scheduled)
-            if not item.num_drafts and item.state.num_computed == len(item.state.token_ids)
-        ]
-        drafted = [(i, item) for i, item in enumerate(scheduled) if item.num_drafts]
-        offsets = [torch.zeros(1, dtype=torch.int64)] * len(plain) + [
-            -torch.arange(item.num_drafts, -1, -1) for _, item in drafted
-        ]
-        ends = last_rows[torch.tensor([i for i, _ in plain + drafted], device=self._device)]
-        rows = torch.cat(
-            [end + offset.to(self._device) for end, offset in zip(ends, offsets, strict=True)]
+        """Speculative decoding (spec_verify.py): one pass over the output head for the caught-up
+        sequences without proposals and the 1 + d last rows of each with d; the proposals are
+        kept while the sampler picks them itself."""
+        caught_up = [item.state.num_computed == len(item.state.token_ids) for item in scheduled]
+        plain = [i for i, item in enumerate(scheduled) if caught_up[i] and not item.num_drafts]
+        drafted = [(i, item.num_drafts) for i, item in enumerate(scheduled) if item.num_drafts]
+        logits = self._model.compute_logits(hidden[logit_rows(last_rows, plain, drafted)])
+        results = (
+            self._sample(logits[: len(plain)], [scheduled[i].state for i in plain]) if plain else []
         )
-        logits = self._model.compute_logits(hidden[rows])  # [N + sum(1 + d), V] float32
-        results = self._sample(logits[: len(plain)], [s for _, s in plain]) if plain else []
-        return results + self._verify(logits[len(plain) :], [item for _, item in drafted])
-
-    def _verify(self, logits: torch.Tensor, drafted: list[_Scheduled]) -> list[Sampled]:
-        states = [item.state for item in drafted]
-        num_drafts = [item.num_drafts for item in drafted]
-        out = self._draw(logits, draft_rows(states, num_drafts))
-        return accept(states, num_drafts, out, self._cache.block_size)
+        states, num_drafts = [scheduled[i].state for i, _ in drafted], [d for _, d in drafted]
+        out = self._draw(logits[len(plain) :], draft_rows(states, num_drafts))
+        return results + accept(states, num_drafts, out, self._cache.block_size)
 
     def _draw(self, logits: torch.Tensor, rows: DraftRows) -> SampleOutput:
-        """Samples rows that no structured-output mask constrains."""
+        """Samples proposal rows (never constrained); the tensor-parallel runner shares them."""
         return self._sampler.sample(
             logits, rows.options, rows.prompt_token_ids, rows.output_token_ids
         )

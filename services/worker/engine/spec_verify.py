@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from services.common.sampling import SamplingOptions
 from services.worker.engine.plan import Sampled
 from services.worker.engine.sampler import SampleOutput
@@ -57,6 +59,19 @@ def draft_rows(states: list[SequenceState], num_drafts: list[int]) -> DraftRows:
             rows.prompt_token_ids.append(prompt)
             rows.output_token_ids.append(state.token_ids[state.num_prompt_tokens : known + j])
     return rows
+
+
+def logit_rows(
+    last_rows: torch.Tensor, plain: list[int], drafted: list[tuple[int, int]]
+) -> torch.Tensor:
+    """The rows of a step's hidden states whose logits it needs: the last row (last_rows [S])
+    of each sequence index in `plain`, then the 1 + d last rows of each (index, d) in
+    `drafted`, in that order."""
+    offsets = [torch.zeros(1, dtype=torch.int64)] * len(plain)
+    offsets += [-torch.arange(d, -1, -1) for _, d in drafted]
+    index = torch.tensor(plain + [i for i, _ in drafted], device=last_rows.device)
+    ends = last_rows[index]
+    return torch.cat([end + o.to(ends.device) for end, o in zip(ends, offsets, strict=True)])
 
 
 def num_emitted(drafts: list[int], sampled: list[int]) -> int:

@@ -77,7 +77,7 @@ def test_proposals_are_computed_with_blocks_and_rolled_back_when_rejected():
     assert request.num_computed_tokens == 7  # prompt, 6 and 7; 20 is computed next step
     assert request.block_ids == [0, 1]  # the third block held only rejected proposals
     assert sched.kv.pool.num_free == 6
-    assert (sched.num_draft_tokens, sched.num_accepted_tokens) == (4, 1)
+    assert (sched.speculator.num_draft_tokens, sched.speculator.num_accepted_tokens) == (4, 1)
     assert (request.num_draft_tokens, request.num_accepted_tokens) == (4, 1)
 
 

@@ -101,7 +101,7 @@ def test_speculation_gives_the_tokens_of_decoding_without_it(
                 [lp for _, lp in reference[rid]], abs=1e-4
             )
         scheduler = engine.scheduler
-        assert 0 < scheduler.num_accepted_tokens < scheduler.num_draft_tokens
+        assert 0 < scheduler.speculator.num_accepted_tokens < scheduler.speculator.num_draft_tokens
         if num_blocks < 256:
             assert scheduler.num_preemptions > 0
 
