@@ -87,7 +87,7 @@ def _paths(limits: RequestLimits) -> Schema:
         "/v1/models": {"get": _get("listModels", "ListModelsResponse", ("401", "503"))},
         "/v1/models/{model}": {
             "get": {
-                **_get("retrieveModel", "Model", ("401", "404", "503")),
+                **_get("retrieveModel", "Model", ("400", "401", "404", "503")),
                 "parameters": [model_param],
             }
         },

@@ -93,7 +93,11 @@ BAD_BODIES = {
     "role a number": (CHAT, chat(messages=[{"role": 5, "content": "x"}]), "messages[0].role"),
     "role a list": (CHAT, chat(messages=[{"role": ["user"], "content": "x"}]), "messages[0].role"),
     "role an object": (CHAT, chat(messages=[{"role": {}, "content": "x"}]), "messages[0].role"),
-    "tool role": (CHAT, chat(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
+    "tool message without its call id": (
+        CHAT,
+        chat(messages=[{"role": "tool", "content": "x"}]),
+        "messages[0].tool_call_id",
+    ),
     "content a number": (
         CHAT,
         chat(messages=[{"role": "user", "content": 5}]),
@@ -107,11 +111,21 @@ BAD_BODIES = {
     "model a number": (CHAT, chat(model=5), "model"),
     "model missing": (CHAT, {"messages": [{"role": "user", "content": "x"}]}, "model"),
     "stream a string": (CHAT, chat(stream="yes"), "stream"),
-    "response_format json": (
+    "response_format of an unknown type": (
         CHAT,
-        chat(response_format={"type": "json_object"}),
+        chat(response_format={"type": "yaml"}),
         "response_format",
-    ),  # noqa: E501
+    ),
+    "json_schema whose schema is not one": (
+        CHAT,
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}),
+        "response_format",
+    ),
+    "tool whose parameters are not a schema": (
+        CHAT,
+        chat(tools=[{"type": "function", "function": {"name": "f", "parameters": 5}}]),
+        "tools[0].function.parameters",
+    ),
 }
 
 
