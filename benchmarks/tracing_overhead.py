@@ -121,9 +121,7 @@ def _step_loop(hooks: bool, requests: int, tokens: int) -> float:
         step_id += 1
         trace = step_tracer.begin(step, step_id) if step_tracer is not None else None
         step_to_proto(step, step_id, trace.contexts if trace is not None else None)
-        samples = [
-            Sample(r.request_id, 7) for r, _ in step.requests if r.num_output_placeholders
-        ]
+        samples = [Sample(r.request_id, 7) for r, _ in step.requests if r.num_output_placeholders]
         if trace is not None:
             trace.end(StepResult(samples))
         updated = scheduler.update(samples)
