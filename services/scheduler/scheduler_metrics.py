@@ -168,6 +168,8 @@ class SchedulerMetrics(SchedulerObserver):
 
     def __init__(self, model: str) -> None:
         self.model = model
+        # Zeros until a request speculates (off by default): the series exists from the start.
+        ACCEPTED_LENGTH.labels(model)
 
     def scheduled(self, step: ScheduledStep, now: float) -> None:
         observe_step(self.model, step, now)
