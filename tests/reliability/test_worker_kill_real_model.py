@@ -70,6 +70,9 @@ def test_killed_replica_of_the_real_model_fails_its_streams_fast_and_rejoins(
         scheduler_args=["--routing", "round-robin"],
         ready_timeout=300,
     )
+    # Round-robin spreads the streams over both replicas only once the scheduler holds both (a
+    # stack is ready with one): else every stream can land on the one killed.
+    eventually(lambda: len(all_worker_stats(stack)) == 2, "both workers connected", 60)
     flights = [real_stream(stack, TOKENS) for _ in range(4)]
     for flight in flights:
         assert flight.started.wait(120), "a stream never started"
