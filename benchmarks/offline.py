@@ -41,8 +41,10 @@ def make_engine(
     limits: SchedulerLimits,
     async_scheduling: bool = False,
     proposer: Proposer | None = None,
+    adaptive_speculation: bool = True,
 ) -> OfflineEngine:
-    return OfflineEngine(make_runner(loaded, num_blocks), limits, async_scheduling, proposer)
+    runner = make_runner(loaded, num_blocks)
+    return OfflineEngine(runner, limits, async_scheduling, proposer, adaptive_speculation)
 
 
 def service_async_scheduling(device: str = "cpu") -> bool:
@@ -87,16 +89,23 @@ class OfflineEngine:
         limits: SchedulerLimits,
         async_scheduling: bool = False,
         proposer: Proposer | None = None,
+        adaptive_speculation: bool = True,
     ) -> None:
         """Prefix caching is on or off as limits.enable_prefix_caching says. proposer:
-        speculative decoding's (None: off); it runs synchronously, as the service's engine."""
+        speculative decoding's (None: off); it runs synchronously, as the service's engine;
+        adaptive_speculation as the Scheduler's."""
         self.runner = runner
         self.async_scheduling = async_scheduling and proposer is None
         windows = tuple(group.window for group in runner.kv_cache_groups)
         pool = BlockPool(runner.num_blocks)
         kv = KVCacheManager(pool, runner.block_size, runner.fingerprint, windows)
         self.scheduler = Scheduler(
-            limits, kv, runner.max_model_len, frozenset(runner.eos_token_ids), proposer=proposer
+            limits,
+            kv,
+            runner.max_model_len,
+            frozenset(runner.eos_token_ids),
+            proposer=proposer,
+            adaptive_speculation=adaptive_speculation,
         )
 
     def generate(

@@ -1,20 +1,26 @@
-"""Speculative decoding with n-gram lookup (issue 21): output tokens/s with speculation off and
-on, side by side in one run, on the real SmolLM2 through the engine (L2: scheduler + model
-runner in one process, benchmarks/offline.py).
+"""Speculative decoding with n-gram lookup (issue 21): output tokens/s with speculation off, on
+with a fixed number of proposals, and on with the adaptive policy (spec_policy.py), side by
+side in one run, on the real SmolLM2 through the engine (L2: scheduler + model runner in one
+process, benchmarks/offline.py).
 
-Workloads (PERFORMANCE.md (f) and a control):
-- grounded: chat prompts that ask to rewrite a passage of benchmarks/data/public_domain.txt or to
-  edit a code snippet: the output repeats the input, the n-gram proposer's case;
-- open: chat prompts whose answers do not repeat them (stories, lists, explanations).
+Workloads (PERFORMANCE.md (f) and a control), 16 chat requests each:
+- grounded: rewrite a passage of benchmarks/data/public_domain.txt, edit a code snippet, answer
+  a question quoting a passage: the output repeats the input, the n-gram proposer's case;
+- open: prompts whose answers do not repeat them (stories, lists, explanations).
 
-Each at batch 1 and 8, greedy and sampled rows (temperature 0.7, top_p 0.95, a seed per
-request), a fixed number of output tokens (EOS ignored). Off and on runs alternate, each
-repeated; the median counts. Greedy rows are the correctness gate: their tokens with
-speculation on must equal those with it off. Also reported: acceptance rate (accepted / proposed
-tokens) and mean accepted length (tokens per step that carried proposals).
+Each at concurrency 1 (8 of the requests, one after another) and 8 (each of the 16 twice, 32
+requests through 8 slots, continuous batching), greedy and sampled rows (temperature 0.7,
+top_p 0.95, a seed per request); requests end at EOS or --max-tokens. Modes run interleaved,
+each repeated; the median counts. Also reported: acceptance rate (accepted / proposed tokens)
+and mean accepted length (tokens a request got per step that carried proposals), and whether
+greedy tokens equal those without speculation.
 
-    python -m benchmarks.spec_decode                # k 4, n-grams 2..4, 96 tokens, 3 repeats
-    python -m benchmarks.spec_decode --k 3 --repeats 1 --max-tokens 48
+Greedy is the correctness gate, and it is run in float32 (--gate): in bfloat16 the rows of a
+step round differently with 1 + k queries than with 1, so a near-tie may flip and a greedy
+output part ways, as it does between batch sizes.
+
+    python -m benchmarks.spec_decode                      # k 8, n-grams 3..6, 3 repeats
+    python -m benchmarks.spec_decode --repeats 1 --max-tokens 48 --batches 8
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import argparse
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -51,6 +57,11 @@ CODE = [
     "        elif i % 5 == 0:\n            out.append('Buzz')\n        else:\n"
     "            out.append(str(i))\n    return out\n",
 ]
+QUESTIONS = [
+    "What does the passage say about the people it speaks of?",
+    "What is the main point of the passage?",
+    "What does the speaker ask of the listeners?",
+]
 OPEN = [
     "Write a short story about a lighthouse keeper who finds a strange map.",
     "List ten creative names for a coffee shop and explain each one.",
@@ -60,53 +71,103 @@ OPEN = [
     "Invent a new board game and describe its rules.",
     "Write a letter from a cat to its owner about breakfast.",
     "What would a city on Mars look like in the year 2200?",
+    "Write a poem about the first snow of winter.",
+    "Why do people enjoy listening to music? Give a few reasons.",
+    "Plan a three-day trip to a city you have never visited.",
+    "Describe a day in the life of a honeybee.",
+    "What are the pros and cons of working from home?",
+    "Tell a funny story about a robot learning to cook.",
+    "Suggest a healthy breakfast menu for a busy week.",
+    "Imagine a world without electricity and describe it.",
 ]
+MODES = ("off", "fixed", "adaptive")
 
 
 def grounded_prompts() -> list[str]:
-    passages = [p for p in TEXT.read_text().split("\n\n") if len(p) > 300][:4]
+    passages = [p for p in TEXT.read_text().split("\n\n") if len(p) > 300]
     rewrite = [
         f"Rewrite the following passage in plain modern English, keeping it close to the "
         f"original:\n\n{passage}"
-        for passage in passages
+        for passage in passages[:4]
     ]
-    edit = [
+    hints = [
         f"Add type hints and a docstring to this Python code, and return the whole code:\n\n"
         f"```python\n{code}```"
         for code in CODE
     ]
-    return [p for pair in zip(rewrite, edit, strict=True) for p in pair]
+    comments = [
+        f"Add a short comment above each line of this Python code, and return the whole "
+        f"code:\n\n```python\n{code}```"
+        for code in CODE
+    ]
+    quotes = [
+        f"Read the passage and answer the question, quoting the sentences that support your "
+        f"answer.\n\nPassage:\n{passage}\n\nQuestion: {question}"
+        for passage, question in zip(passages[1:], QUESTIONS, strict=False)
+    ]
+    prompts = [
+        *rewrite,
+        *hints,
+        *comments,
+        *quotes,
+        f"Summarise this passage in two sentences, using its own words:\n\n{passages[-1]}",
+    ]
+    return prompts[:16]
 
 
 @dataclass(slots=True)
 class Run:
     seconds: float
     tokens: dict[str, list[int]]
-    draft_tokens: int
-    accepted_tokens: int
-    spec_steps: int
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    spec_steps: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens.values())
+
+
+def make_engines(loaded, args) -> dict[str, OfflineEngine]:
+    """One engine per mode, kept for the whole run as a server keeps its scheduler: the
+    adaptive policy's step costs and acceptance carry from run to run. Prefix caching is off,
+    so that a repeat computes its prompts again."""
+    engines = {}
+    for mode in MODES:
+        proposer = None if mode == "off" else NgramProposer(args.ngram_min, args.ngram_max, args.k)
+        runner = make_runner(loaded, num_blocks=2048)
+        limits = SchedulerLimits(max_num_batched_tokens=1024, enable_prefix_caching=False)
+        engines[mode] = OfflineEngine(
+            runner, limits, proposer=proposer, adaptive_speculation=mode == "adaptive"
+        )
+    return engines
 
 
 def run_once(
-    loaded, prompts: list[list[int]], options: SamplingOptions, max_tokens: int, k: int, n: tuple
+    engine: OfflineEngine, prompts: list[list[int]], options: SamplingOptions, batch: int, args
 ) -> Run:
-    proposer = NgramProposer(n[0], n[1], k) if k else None
-    limits = SchedulerLimits(max_num_batched_tokens=1024, max_num_seqs=len(prompts))
-    engine = OfflineEngine(make_runner(loaded, num_blocks=1024), limits, proposer=proposer)
+    scheduler = engine.scheduler
+    scheduler.limits = replace(scheduler.limits, max_num_seqs=batch)
+    spec = scheduler.speculator
+    before = (
+        (spec.num_draft_tokens, spec.num_accepted_tokens, spec.num_spec_steps)
+        if spec
+        else (0, 0, 0)
+    )
+    stop = frozenset(engine.runner.eos_token_ids)
     requests = [
-        Request(f"r{i}", list(p), max_tokens, _seeded(options, i), frozenset())
+        Request(f"r{i}", list(p), args.max_tokens, _seeded(options, i), stop)
         for i, p in enumerate(prompts)
     ]
     start = time.perf_counter()
     engine.run(requests)
     seconds = time.perf_counter() - start
-    tokens = {r.request_id: r.output_token_ids for r in requests}
-    spec = engine.scheduler.speculator
-    if spec is None:
-        return Run(seconds, tokens, 0, 0, 0)
-    return Run(
-        seconds, tokens, spec.num_draft_tokens, spec.num_accepted_tokens, spec.num_spec_steps
-    )
+    run = Run(seconds, {r.request_id: r.output_token_ids for r in requests})
+    if spec is not None:
+        run.draft_tokens = spec.num_draft_tokens - before[0]
+        run.accepted_tokens = spec.num_accepted_tokens - before[1]
+        run.spec_steps = spec.num_spec_steps - before[2]
+    return run
 
 
 def _seeded(options: SamplingOptions, i: int) -> SamplingOptions:
@@ -115,24 +176,106 @@ def _seeded(options: SamplingOptions, i: int) -> SamplingOptions:
     return SamplingOptions(temperature=options.temperature, top_p=options.top_p, seed=1000 + i)
 
 
+def _equal(runs: dict[str, Run], off: Run) -> str:
+    """Requests whose greedy tokens equal speculation off's, in every mode."""
+    same = sum(
+        all(run.tokens[rid] == tokens for run in runs.values())
+        for rid, tokens in off.tokens.items()
+    )
+    return f"{same}/{len(off.tokens)}"
+
+
+def _spec(run: Run) -> str:
+    if not run.draft_tokens:
+        return "- / -"
+    rate = run.accepted_tokens / run.draft_tokens
+    return f"{rate:.2f} / {(run.accepted_tokens + run.spec_steps) / run.spec_steps:.2f}"
+
+
+def speed(loaded, workloads: dict[str, list[list[int]]], args) -> None:
+    engines = make_engines(loaded, args)
+    warm_up = workloads["grounded"][:8]
+    for engine in engines.values():  # what a server has learnt by the time traffic comes
+        run_once(
+            engine,
+            warm_up,
+            SamplingOptions(),
+            8,
+            argparse.Namespace(**{**vars(args), "max_tokens": 32}),
+        )
+    print(
+        "| workload | concurrency | rows | off tok/s | fixed tok/s | adaptive tok/s | "
+        "acceptance / mean accepted length, fixed | adaptive | greedy tokens equal |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    rows = {"greedy": SamplingOptions(), "sampled": SamplingOptions(temperature=0.7, top_p=0.95)}
+    for name, prompts in workloads.items():
+        for batch in (int(b) for b in args.batches.split(",")):
+            # 8 requests one by one; at 8, each prompt twice (32 requests through 8 slots, so
+            # that the batch stays full: with as many requests as slots, the last one to finish
+            # would run alone, and a closed run would measure that tail).
+            chosen = prompts[::2] if batch == 1 else prompts * 2
+            for row, options in rows.items():
+                runs: dict[str, list[Run]] = {mode: [] for mode in MODES}
+                for _ in range(args.repeats):  # interleaved: every mode sees the same machine
+                    for mode in MODES:
+                        run = run_once(engines[mode], chosen, options, batch, args)
+                        runs[mode].append(run)
+                tps = {
+                    m: statistics.median(r.num_tokens / r.seconds for r in rs)
+                    for m, rs in runs.items()
+                }
+                last = {m: rs[-1] for m, rs in runs.items()}
+                equal = _equal(last, last["off"]) if row == "greedy" else "n/a"
+                print(
+                    f"| {name} | {batch} | {row} | {tps['off']:.1f} | "
+                    f"{tps['fixed']:.1f} ({tps['fixed'] / tps['off']:.2f}x) | "
+                    f"{tps['adaptive']:.1f} ({tps['adaptive'] / tps['off']:.2f}x) | "
+                    f"{_spec(last['fixed'])} | {_spec(last['adaptive'])} | {equal} |",
+                    flush=True,
+                )
+
+
+def gate(loaded, workloads: dict[str, list[list[int]]], args) -> None:
+    """Greedy in float32: every mode's tokens equal speculation off's."""
+    print("| workload | concurrency | requests | tokens | greedy tokens equal (fixed, adaptive) |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, prompts in workloads.items():
+        engines = make_engines(loaded, args)
+        runs = {m: run_once(engines[m], prompts, SamplingOptions(), 8, args) for m in MODES}
+        print(
+            f"| {name} | 8 | {len(prompts)} | {runs['off'].num_tokens} | "
+            f"{_equal(runs, runs['off'])} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--k", type=int, default=4, help="tokens proposed per step")
-    parser.add_argument("--ngram-min", type=int, default=2)
-    parser.add_argument("--ngram-max", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--k", type=int, default=8, help="the most tokens proposed per step")
+    parser.add_argument("--ngram-min", type=int, default=3)
+    parser.add_argument("--ngram-max", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--batches", default="1,8", help="concurrencies to run")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--dtype", default="auto", help="the worker's --dtype (auto: what it picks on this machine)"
+    )
+    parser.add_argument(
+        "--gate",
+        choices=("float32", "none"),
+        default="float32",
+        help="the greedy correctness gate's dtype (none: skip it)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     from services.tokenizer.loader import load_tokenizer
+    from services.worker.dtype_choice import resolve_dtype
     from services.worker.model.loader import default_path, load_model
 
     model = load_tokenizer(default_path())
-    loaded = load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
-
     template = model.chat_template
     assert template is not None, "the default model ships a chat template"
 
@@ -143,54 +286,26 @@ def main() -> None:
         ]
 
     workloads = {"grounded": encode(grounded_prompts()), "open": encode(OPEN)}
+    dtype = resolve_dtype(args.dtype, torch.device("cpu")).dtype
     info = machine()
     print(
         f"# {info.get('cpu_model')}, {os.cpu_count()} CPUs, torch threads "
         f"{torch.get_num_threads()}, load average {load_average()} at start"
     )
     print(
-        f"# SmolLM2-135M fp32, k={args.k}, n-grams {args.ngram_min}..{args.ngram_max}, "
-        f"{args.max_tokens} output tokens (EOS ignored), median of {args.repeats}"
+        f"# SmolLM2-135M {dtype}, k={args.k}, n-grams {args.ngram_min}..{args.ngram_max}, "
+        f"up to {args.max_tokens} output tokens (EOS ends a request), median of {args.repeats}"
     )
-    print(
-        "| workload | batch | rows | off tok/s | on tok/s | speedup | acceptance | "
-        "mean accepted length | greedy tokens equal |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    rows = {
-        "greedy": SamplingOptions(),
-        "sampled": SamplingOptions(temperature=0.7, top_p=0.95),
-    }
-    n = (args.ngram_min, args.ngram_max)
-    for name, prompts in workloads.items():
-        for batch in (int(b) for b in args.batches.split(",")):
-            chosen = prompts[:batch]
-            for row, options in rows.items():
-                off, on = [], []
-                for _ in range(args.repeats):  # interleaved: both see the same machine
-                    off.append(run_once(loaded, chosen, options, args.max_tokens, 0, n))
-                    on.append(run_once(loaded, chosen, options, args.max_tokens, args.k, n))
-                total = batch * args.max_tokens
-                off_tps = total / statistics.median(r.seconds for r in off)
-                on_tps = total / statistics.median(r.seconds for r in on)
-                last = on[-1]
-                rate = last.accepted_tokens / last.draft_tokens if last.draft_tokens else 0.0
-                length = (
-                    (last.accepted_tokens + last.spec_steps) / last.spec_steps
-                    if last.spec_steps
-                    else 1.0
-                )
-                equal = (
-                    ("yes" if on[-1].tokens == off[-1].tokens else "NO")
-                    if row == "greedy"
-                    else "n/a"
-                )
-                print(
-                    f"| {name} | {batch} | {row} | {off_tps:.1f} | {on_tps:.1f} | "
-                    f"{on_tps / off_tps:.2f}x | {rate:.2f} | {length:.2f} | {equal} |",
-                    flush=True,
-                )
-    print(f"# load average {load_average()} at the end")
+    loaded = load_model(default_path(), dtype=getattr(torch, dtype), device=torch.device("cpu"))
+    speed(loaded, workloads, args)
+    print(f"# load average {load_average()} after the speed rows")
+    if args.gate != "none":
+        print(f"\n# correctness gate: greedy, {args.gate}")
+        loaded = load_model(
+            default_path(), dtype=getattr(torch, args.gate), device=torch.device("cpu")
+        )
+        gate(loaded, workloads, args)
+        print(f"# load average {load_average()} at the end")
 
 
 if __name__ == "__main__":

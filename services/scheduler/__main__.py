@@ -57,6 +57,7 @@ async def main() -> None:
             traces=traces,
             async_scheduling=config.steps_ahead(),
             proposer=config.proposer(),
+            adaptive_speculation=config.speculation_policy == "adaptive",
         )
         engine.cache_events = feed.listener(engine)
         return engine

@@ -85,19 +85,33 @@ class SchedulerConfig:
         "request's prompt and output, verified by the worker in the same step; 0 = off "
         "(env LAYERSERVE_NUM_SPECULATIVE_TOKENS)",
     )
+    # 3..6 (not 2..4): in the benchmark, 2-token matches in text that does not repeat its
+    # input proposed tokens that were mostly rejected; 3-token ones were right more often, on
+    # copied text too (docs/benchmarks.md, issue 21).
     spec_ngram_min: int = setting(
         "--spec-ngram-min",
         env="SPEC_NGRAM_MIN",
-        default=2,
+        default=3,
         check=positive,
         help="the shortest suffix of a request's tokens looked up for a proposal",
     )
     spec_ngram_max: int = setting(
         "--spec-ngram-max",
         env="SPEC_NGRAM_MAX",
-        default=4,
+        default=6,
         check=positive,
         help="the longest suffix looked up (the longest one found decides)",
+    )
+
+    speculation_policy: str = setting(
+        "--speculation-policy",
+        env="SPECULATION_POLICY",
+        default="adaptive",
+        choices=("adaptive", "fixed"),
+        help="adaptive: each request proposes only as many tokens as pay for themselves, from "
+        "its acceptance so far and the step time per token measured (none where proposals are "
+        "rejected or the step is already compute-bound); fixed: every match, up to "
+        "--num-speculative-tokens, every step",
     )
 
     def proposer(self) -> NgramProposer | None:

@@ -68,10 +68,12 @@ class Engine:
         traces: RequestTraces | None = None,
         async_scheduling: bool | None = True,
         proposer: Proposer | None = None,
+        adaptive_speculation: bool = True,
     ) -> None:
         """async_scheduling: send each step before the last one's result is back (see above);
         None: only to a worker that computes on a GPU (decided when it connects). proposer:
-        speculative decoding's (None: off); with one, steps are synchronous."""
+        speculative decoding's (None: off); with one, steps are synchronous.
+        adaptive_speculation: as the Scheduler's."""
         self.address = address
         self.limits = limits
         self._emit = emit  # where outputs go (the server's sessions)
@@ -87,6 +89,7 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._step_id = 0
         self.proposer = proposer
+        self.adaptive_speculation = adaptive_speculation
         self._async_scheduling = async_scheduling and proposer is None
         self.max_steps_in_flight = 2 if self._async_scheduling else 1
         self._in_flight: deque[StepTrace] = deque()  # steps sent, oldest first
@@ -213,6 +216,7 @@ class Engine:
             info.eos_token_ids,
             observers=self._observers(),
             proposer=self.proposer,
+            adaptive_speculation=self.adaptive_speculation,
         )
         log.info(
             "worker %s ready: model %s, %d blocks of %d tokens, KV cache group windows %s, "

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from services.common.errors import LayerserveError
 from services.common.sampling import SamplingOptions
 from services.scheduler.block_hash import BlockHash
+from services.scheduler.spec_policy import Acceptance
 
 
 class Status(enum.Enum):
@@ -56,6 +57,8 @@ class Request:
     num_spec_steps: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # Its recent proposals' verdicts: how many the next steps should propose (spec_policy.py).
+    spec_acceptance: Acceptance = field(default_factory=Acceptance)
     # One block table per KV cache group, group 0 first (kv_cache_manager.py); empty while the
     # request holds no blocks. A sliding-window group's table has -1 for blocks it dropped.
     block_tables: list[list[int]] = field(default_factory=list)

@@ -77,9 +77,12 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         observers: Sequence[SchedulerObserver] = (),
         proposer: Proposer | None = None,
+        adaptive_speculation: bool = True,
     ) -> None:
         """proposer: speculative decoding's (None: off). Its proposals need every request's
-        last token known when it is scheduled: schedule only after the last step's update."""
+        last token known when it is scheduled: schedule only after the last step's update.
+        adaptive_speculation: propose only what pays (spec_policy.py); False: all the proposer
+        finds, up to its k, every step."""
         self.limits = limits
         self.kv = kv
         self.max_model_len = max_model_len
@@ -105,7 +108,9 @@ class Scheduler:
         # sampled), and every sampled token.
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
-        self.speculator = Speculator(proposer, kv, max_model_len) if proposer else None
+        self.speculator = (
+            Speculator(proposer, kv, max_model_len, adaptive_speculation) if proposer else None
+        )
         self._pending_tokens: int | None = None  # summed once per step (load())
 
     # -- requests in and out -------------------------------------------------------------
@@ -190,6 +195,8 @@ class Scheduler:
         step = ScheduledStep(finished_ids=self._forget_on_worker)
         self._forget_on_worker = []
         budget = self.limits.max_num_batched_tokens
+        if self.speculator is not None and not self._in_flight:  # every last token known
+            self.speculator.plan(self.running, budget)
         budget = self._schedule_running(step, budget)
         self._schedule_waiting(step, budget)
         step.finished_ids.extend(self._forget_on_worker)  # preempted in this very step
@@ -200,7 +207,10 @@ class Scheduler:
             self._in_flight.append([self._sent(request) for request, _ in step.requests])
             self.num_steps += 1
             self._pending_tokens = None
-            self.events.scheduled(step, self.clock())
+            now = self.clock()
+            if self.speculator is not None:
+                self.speculator.sent(step, now)
+            self.events.scheduled(step, now)
         return step
 
     def _sent(self, request: Request) -> Scheduled:
@@ -329,6 +339,8 @@ class Scheduler:
         (finished ones carry their finish_reason) or failed (sample.error); tokens of requests
         finished, aborted or preempted since the step was sent are dropped."""
         sent = self._in_flight.popleft() if self._in_flight else []
+        if self.speculator is not None:
+            self.speculator.done(self.clock())
         current = {s.request.request_id: s for s in sent if s.is_current}
         if self.limits.enable_prefix_caching:
             for scheduled in current.values():  # proposals' KV only once verified

@@ -21,6 +21,8 @@ from typing import Protocol
 
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
+from services.scheduler.spec_policy import Acceptance, StepCost, choose
+from services.scheduler.step import ScheduledStep
 
 _ITEM = array("i").itemsize  # bytes per token id in the search buffer
 
@@ -68,40 +70,90 @@ class Speculator:
     """The scheduler's use of a Proposer: which decoding request gets how many proposals, and
     what the worker's verdict does to it; with the counts the metrics read.
 
+    Each step (plan()) every decoding request is offered the proposer's guess, and takes as
+    much of it as pays for itself given its acceptance so far and what a token costs the step
+    (spec_policy.py): up to k proposals where they are accepted and tokens are cheap, none
+    where they are rejected or the step is already costly. The steps' times come from the
+    scheduler (sent() / done()).
+
     Proposals are budgeted like any token (the step's token budget; KV blocks allocated for
     them) but never preempt: without free blocks the request decodes one token as usual. The
     rejected ones are rolled back: the request's computed tokens end before its last known
     token, and the blocks wholly beyond them go back to the pool (the worker drops them from
     its tables by the same rule; none is cached, only verified tokens' blocks are)."""
 
-    def __init__(self, proposer: Proposer, kv: KVCacheManager, max_model_len: int) -> None:
+    def __init__(
+        self, proposer: Proposer, kv: KVCacheManager, max_model_len: int, adaptive: bool = True
+    ) -> None:
+        """adaptive False: every decoding request takes all the proposer finds (up to k)."""
         self.proposer = proposer
+        self.adaptive = adaptive
         self.kv = kv
         self.max_model_len = max_model_len
+        self.cost = StepCost()
+        self.overall = Acceptance()  # every request's verdicts: the prior of a new one
+        self._planned: dict[str, list[int]] = {}  # this step's proposals, by request id
+        self._timing: tuple[int, float] | None = None  # the step in flight: tokens, sent at
         self.num_spec_steps = 0  # request-steps that carried proposals
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
 
+    def plan(self, running: list[Request], budget: int) -> None:
+        """Decides this step's proposals for the running requests, before they are scheduled
+        (with every last token known: no step in flight)."""
+        self.overall.forget(Acceptance.OVERALL_DECAY)
+        prior = self.overall.overall_rate()
+        num_tokens = 0
+        offered: list[tuple[Request, list[int]]] = []
+        candidates: list[tuple[float, int]] = []
+        for request in running:
+            num_tokens += request.num_tokens_to_compute
+            if request.num_tokens_to_compute != 1 or request.sampling.structured is not None:
+                continue  # a prefill chunk; or a constraint the proposals would have to pass
+            room = min(  # the step's own token counts against each bound
+                self.proposer.k,
+                request.max_tokens - len(request.output_token_ids) - 1,
+                self.max_model_len - request.num_tokens - 1,
+            )
+            proposal = self.proposer.propose(request.all_token_ids, room) if room > 0 else []
+            request.spec_acceptance.forget(Acceptance.REQUEST_DECAY)
+            if proposal:
+                offered.append((request, proposal))
+                candidates.append((request.spec_acceptance.rate(prior), len(proposal)))
+        cost = self.cost.line() if self.adaptive else (0.0, 0.0)  # free tokens: take all
+        taken = choose(candidates, len(running), min(num_tokens, budget), cost)
+        self._planned = {
+            request.request_id: proposal[:n]
+            for (request, proposal), n in zip(offered, taken, strict=True)
+            if n
+        }
+
     def propose(self, request: Request, budget: int) -> list[list[int]] | None:
-        """Proposes tokens for a decoding request and allocates its slots with them
-        (request.spec_token_ids); None (no proposal, or no free blocks for it) leaves it to
-        decode as usual. Call only when its last token is known (no step in flight)."""
-        if request.num_tokens_to_compute != 1 or request.sampling.structured is not None:
-            return None  # a prefill chunk; or a constraint the proposals would have to pass
-        room = min(  # the step's own token counts against each bound
-            budget - 1,
-            request.max_tokens - len(request.output_token_ids) - 1,
-            self.max_model_len - request.num_tokens - 1,
-        )
-        if room <= 0:
+        """Gives a decoding request its planned proposals (request.spec_token_ids, cut to what
+        the step's budget leaves) and allocates their slots with them; None (nothing planned,
+        or no free blocks for it) leaves it to decode as usual."""
+        proposal = self._planned.pop(request.request_id, [])[: budget - 1]
+        if not proposal:
             return None
-        request.spec_token_ids = self.proposer.propose(request.all_token_ids, room)
-        if not request.spec_token_ids:
-            return None
+        request.spec_token_ids = proposal
         new_blocks = self.kv.allocate_slots(request, request.num_tokens_to_compute)
         if new_blocks is None:
             request.spec_token_ids = []
         return new_blocks
+
+    def sent(self, step: ScheduledStep, now: float) -> None:
+        """A step leaves: timed if it only decodes (prefill chunks cost per token otherwise)."""
+        decoding = not step.new and all(
+            n == 1 + len(step.drafts.get(r.request_id, ())) for r, n, _ in step.running
+        )
+        self._timing = (step.num_tokens, now) if decoding else None
+
+    def done(self, now: float) -> None:
+        """The step in flight came back."""
+        if self._timing is not None:
+            tokens, sent_at = self._timing
+            self.cost.record(tokens, now - sent_at)
+        self._timing = None
 
     def settle(self, request: Request, num_drafts: int, num_accepted: int, kept: int) -> None:
         """The worker accepted num_accepted of the step's num_drafts proposals and the scheduler
@@ -109,6 +161,8 @@ class Speculator:
         request.spec_token_ids = []
         request.num_computed_tokens -= num_drafts - (kept - 1)
         self.kv.trim(request)
+        request.spec_acceptance.add(num_drafts, num_accepted)
+        self.overall.add(num_drafts, num_accepted)
         request.num_spec_steps += 1
         request.num_draft_tokens += num_drafts
         request.num_accepted_tokens += num_accepted

@@ -48,6 +48,7 @@ def make_scheduler(
     clock: FakeClock | None = None,
     windows: tuple[int | None, ...] = (None,),
     proposer: Proposer | None = None,
+    adaptive_speculation: bool = True,
     **limits,
 ) -> Scheduler:
     """windows: the worker's KV cache groups (kv_cache_manager.py); one full group by default.
@@ -60,6 +61,7 @@ def make_scheduler(
         eos_token_ids=frozenset({EOS}),
         clock=clock or FakeClock(),
         proposer=proposer,
+        adaptive_speculation=adaptive_speculation,
     )
 
 

@@ -93,7 +93,8 @@ def test_speculation_gives_the_tokens_of_decoding_without_it(
     limits = SchedulerLimits(48, 8, enable_prefix_caching=prefix_caching)
     reference, oracle = _reference(tiny, options, num_blocks, limits=limits)
     for proposer in (OracleProposer(oracle), NgramProposer(1, 3, 4)):
-        engine = OfflineEngine(make_tiny_runner(tiny, num_blocks), limits, proposer=proposer)
+        runner = make_tiny_runner(tiny, num_blocks)  # every proposal computed (fixed policy)
+        engine = OfflineEngine(runner, limits, proposer=proposer, adaptive_speculation=False)
         seen = _run(engine, _requests(options))
         assert _tokens(seen) == _tokens(reference)
         for rid, pairs in seen.items():  # logprobs per emitted token, as without speculation

@@ -1,0 +1,120 @@
+"""The adaptive speculation policy: the step cost it learns from timed steps, the acceptance it
+keeps per request, and the proposals it takes: all of them while tokens are free or accepted,
+fewer as they cost more or are rejected, none for a request whose proposals keep failing on a
+step that is already costly; and, driving a Scheduler with a clock, that a request copying its
+prompt keeps its proposals while one whose proposals are rejected loses them."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.spec_decode import NgramProposer
+from services.scheduler.spec_policy import Acceptance, StepCost, choose
+from services.scheduler.step import Sample
+from tests.unit.scheduler.drive import FakeClock, make_request, make_scheduler
+
+
+def test_step_cost_fits_the_line_of_the_steps_timed():
+    cost = StepCost()
+    assert cost.line() == (0.0, 0.0)  # nothing timed: tokens look free
+    for tokens in [8, 12, 20, 9, 16, 30, 8, 24] * 5:
+        cost.record(tokens, 0.040 + 0.002 * tokens)
+    a, b = cost.line()
+    # The ridge pulls the slope a little toward 0 (the spread here is ~60 tokens^2).
+    assert a == pytest.approx(0.040, rel=0.2)
+    assert b == pytest.approx(0.002, rel=0.15)
+
+
+def test_step_cost_slope_fades_when_steps_stop_differing():
+    cost = StepCost()
+    for tokens in [8, 40] * 20:
+        cost.record(tokens, 0.040 + 0.002 * tokens)
+    assert cost.line()[1] == pytest.approx(0.002, rel=0.05)
+    for _ in range(1000):  # every step the same size: nothing tells the slope any more
+        cost.record(8, 0.056)
+    a, b = cost.line()
+    assert b < 0.0002  # so proposals look free again, and their steps will show the slope
+    assert a + 8 * b == pytest.approx(0.056, rel=0.01)
+
+
+def test_acceptance_counts_the_first_rejection_as_the_last_trial():
+    record = Acceptance()
+    record.add(num_drafts=4, num_accepted=4)  # 4 trials, all accepted
+    record.add(num_drafts=4, num_accepted=1)  # the 2nd rejected: 2 trials; the rest untried
+    assert (record.accepted, record.trials) == (5, 6)
+    weight = Acceptance.PRIOR_WEIGHT  # the prior counts as this many trials
+    assert record.rate(prior=0.5) == pytest.approx((5 + weight * 0.5) / (6 + weight))
+    assert Acceptance().overall_rate() == 0.5  # no record: Laplace's 1/2
+
+
+def test_choose_takes_everything_while_tokens_are_free():
+    assert choose([(0.9, 4), (0.05, 3), (0.5, 0)], 8, 8, (0.04, 0.0)) == [4, 3, 0]
+
+
+def test_choose_takes_proposals_while_they_pay_best_first():
+    # A step of 8 decoding sequences, 40 ms plus 2 ms a token: the j-th proposal of a request
+    # with acceptance p is taken while p^j t(T) > E b.
+    taken = choose([(0.95, 8), (0.3, 4), (0.05, 4)], 8, 8, (0.040, 0.002))
+    assert taken[0] >= 5  # nearly always accepted: worth most of its proposals
+    assert taken[1] <= 1  # the first is worth 0.3 of a token; the second 0.09 does not pay
+    assert taken[2] == 0  # rejected almost always: not worth a token
+    # At batch 1 the same step costs the same but yields 1 token: more proposals pay.
+    assert choose([(0.3, 4)], 1, 1, (0.040, 0.002)) == [2]
+    # Tokens that cost more than their step's fixed part: only near-certain proposals pay.
+    assert choose([(0.8, 8), (0.5, 4)], 8, 8, (0.010, 0.010)) == [0, 0]
+    # A near-certain proposal is a token for the price of one token, below the step's average
+    # (a + b T) / E as long as a > 0: it pays however dear tokens are.
+    assert choose([(0.99, 8), (0.5, 4)], 8, 8, (0.010, 0.010)) == [8, 0]
+
+
+def _drive(sched, clock, outputs, steps, cost):
+    """Steps where the worker takes cost[0] + cost[1] x tokens seconds and each request's
+    next tokens are outputs[request id]: proposals are accepted while they match them."""
+    drafts_per_step = []
+    for _ in range(steps):
+        step = sched.schedule()
+        clock.now += cost[0] + cost[1] * step.num_tokens
+        drafts_per_step.append({rid: len(d) for rid, d in step.drafts.items()})
+        samples = []
+        for request, _ in step.requests:
+            if not request.num_output_placeholders:
+                continue  # a prefill chunk short of its last token
+            rid = request.request_id
+            drafts = step.drafts.get(rid, [])
+            done = len(request.output_token_ids)
+            for j, token in enumerate(outputs[rid][done : done + 1 + len(drafts)]):
+                samples.append(Sample(rid, token))
+                if j < len(drafts) and drafts[j] != token:
+                    break  # the worker's own token replaces the first rejected proposal
+        sched.update(samples)
+    return drafts_per_step
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_a_copying_request_keeps_its_proposals_and_a_missing_one_loses_them(adaptive):
+    clock = FakeClock()
+    sched = make_scheduler(
+        num_blocks=96,
+        block_size=4,
+        clock=clock,
+        proposer=NgramProposer(2, 4, 6),
+        adaptive_speculation=adaptive,
+    )
+    passage = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21] * 2
+    # "copy" repeats its prompt, so the n-gram proposals are right. "miss" writes "30 31 x"
+    # with a new x each time: after every "30 31" the proposer offers what followed the last
+    # one, which is always wrong.
+    copy = make_request("copy", passage, max_tokens=200)
+    miss = make_request("miss", [30, 31, 32] * 8, max_tokens=60)
+    outputs = {"copy": passage[12:] * 17, "miss": [t for x in range(100, 120) for t in (30, 31, x)]}
+    for request in (copy, miss):
+        sched.add(request)
+    steps = _drive(sched, clock, outputs, steps=24, cost=(0.040, 0.010))
+    late = steps[8:]
+    assert sum(s.get("copy", 0) for s in late) >= 4 * len(late)  # most of its 6, every step
+    missed = sum(s.get("miss", 0) for s in late)
+    if adaptive:
+        assert missed <= len(late) // 4  # a probe now and then
+    else:  # the fixed policy: all the proposer finds (3 tokens), every third step
+        assert missed >= len(late) * 3 // 4
+    assert copy.num_accepted_tokens > 0.9 * copy.num_draft_tokens
