@@ -262,6 +262,7 @@ def main() -> None:
     parser.add_argument(
         "--dtype", default="auto", help="the worker's --dtype (auto: what it picks on this machine)"
     )
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (not yet run on a GPU)")
     parser.add_argument(
         "--gate",
         choices=("float32", "none"),
@@ -286,24 +287,24 @@ def main() -> None:
         ]
 
     workloads = {"grounded": encode(grounded_prompts()), "open": encode(OPEN)}
-    dtype = resolve_dtype(args.dtype, torch.device("cpu")).dtype
+    device = torch.device(args.device)
+    dtype = resolve_dtype(args.dtype, device).dtype
     info = machine()
     print(
         f"# {info.get('cpu_model')}, {os.cpu_count()} CPUs, torch threads "
         f"{torch.get_num_threads()}, load average {load_average()} at start"
     )
     print(
-        f"# SmolLM2-135M {dtype}, k={args.k}, n-grams {args.ngram_min}..{args.ngram_max}, "
+        f"# SmolLM2-135M {dtype} on {device}, k={args.k}, "
+        f"n-grams {args.ngram_min}..{args.ngram_max}, "
         f"up to {args.max_tokens} output tokens (EOS ends a request), median of {args.repeats}"
     )
-    loaded = load_model(default_path(), dtype=getattr(torch, dtype), device=torch.device("cpu"))
+    loaded = load_model(default_path(), dtype=getattr(torch, dtype), device=device)
     speed(loaded, workloads, args)
     print(f"# load average {load_average()} after the speed rows")
     if args.gate != "none":
         print(f"\n# correctness gate: greedy, {args.gate}")
-        loaded = load_model(
-            default_path(), dtype=getattr(torch, args.gate), device=torch.device("cpu")
-        )
+        loaded = load_model(default_path(), dtype=getattr(torch, args.gate), device=device)
         gate(loaded, workloads, args)
         print(f"# load average {load_average()} at the end")
 
