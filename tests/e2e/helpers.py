@@ -8,9 +8,10 @@ from collections.abc import Iterator
 import grpc
 import httpx
 
+from layerserve.common.v1 import common_pb2
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.stack import Stack
-from tests.e2e.conftest import API_KEY
+from tests.e2e.conftest import API_KEY, MODEL
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -49,6 +50,18 @@ def grpc_generate(
     with grpc.insecure_channel(f"127.0.0.1:{stack.config.grpc_port}") as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         return list(stub.Generate(request, metadata=metadata, timeout=120))
+
+
+def greedy_tokens(stack: Stack, prompt: str, max_tokens: int) -> list[int]:
+    """The token ids of a greedy gRPC generation of exactly max_tokens (EOS ignored)."""
+    request = gateway_pb2.GenerateRequest(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        ignore_eos=True,
+        sampling=common_pb2.SamplingParams(temperature=0),
+    )
+    return [t for response in grpc_generate(stack, request) for t in response.token_ids]
 
 
 def chat_body(content: str, **extra) -> dict:

@@ -7,12 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from layerserve.common.v1 import common_pb2
-from layerserve.gateway.v1 import gateway_pb2
 from services.tokenizer.loader import load_tokenizer
 from services.worker.model.loader import default_path, load_model
-from tests.e2e.conftest import MODEL
-from tests.e2e.helpers import grpc_generate
+from tests.e2e.helpers import greedy_tokens
 from tests.reference_models import greedy_generate
 
 NEW_TOKENS = 12
@@ -29,28 +26,17 @@ PROMPTS = [
 NOISE = ["Tell me about the history of Rome. " * n for n in (1, 5, 12)]
 
 
-def _generate(stack, prompt: str, max_tokens: int) -> list[int]:
-    request = gateway_pb2.GenerateRequest(
-        model=MODEL,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        ignore_eos=True,
-        sampling=common_pb2.SamplingParams(temperature=0),
-    )
-    return [t for response in grpc_generate(stack, request) for t in response.token_ids]
-
-
 def test_greedy_tokens_equal_the_dense_reference_under_concurrency(stack):
     tokenizer = load_tokenizer(None)
     loaded = load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
     expected = [greedy_generate(loaded, tokenizer.encode(p), NEW_TOKENS) for p in PROMPTS]
 
-    one_at_a_time = [_generate(stack, p, NEW_TOKENS) for p in PROMPTS[:2]]
+    one_at_a_time = [greedy_tokens(stack, p, NEW_TOKENS) for p in PROMPTS[:2]]
     assert one_at_a_time == expected[:2]
 
     with ThreadPoolExecutor(len(PROMPTS) + len(NOISE)) as pool:
-        noise = [pool.submit(_generate, stack, p, 40) for p in NOISE]
-        served = [pool.submit(_generate, stack, p, NEW_TOKENS) for p in PROMPTS]
+        noise = [pool.submit(greedy_tokens, stack, p, 40) for p in NOISE]
+        served = [pool.submit(greedy_tokens, stack, p, NEW_TOKENS) for p in PROMPTS]
         results = [f.result() for f in served]
         assert all(len(f.result()) == 40 for f in noise)
     for prompt, got, want in zip(PROMPTS, results, expected, strict=True):

@@ -15,13 +15,11 @@ import httpx
 import pytest
 import torch
 
-from layerserve.common.v1 import common_pb2
-from layerserve.gateway.v1 import gateway_pb2
 from services.stack import Stack
 from services.tokenizer.loader import load_tokenizer
 from services.worker.model.loader import default_path, load_model
 from tests.e2e.conftest import API_KEY, MODEL, free_ports, loopback_config, start_stack
-from tests.e2e.helpers import grpc_generate, post
+from tests.e2e.helpers import greedy_tokens, post
 from tests.prometheus_text import Scrape
 from tests.reference_models import greedy_generate
 
@@ -62,15 +60,8 @@ def spec_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack.stop()
 
 
-def _generate(stack: Stack, prompt: str, max_tokens: int = NEW_TOKENS) -> list[int]:
-    request = gateway_pb2.GenerateRequest(
-        model=MODEL,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        ignore_eos=True,
-        sampling=common_pb2.SamplingParams(temperature=0),
-    )
-    return [t for response in grpc_generate(stack, request) for t in response.token_ids]
+def _generate(stack: Stack, prompt: str) -> list[int]:
+    return greedy_tokens(stack, prompt, NEW_TOKENS)
 
 
 def _scheduler_metrics(stack: Stack) -> Scrape:
