@@ -81,6 +81,16 @@ OPEN = [
     "Imagine a world without electricity and describe it.",
 ]
 MODES = ("off", "fixed", "adaptive")
+LONG_TASKS = [
+    "Rewrite the text above in plain modern English, keeping it close to the original.",
+    "Quote the sentence of the text above that speaks of the dead, then explain it.",
+    "Copy the first paragraph of the text above, then summarise the rest.",
+    "List the people and places the text above names, quoting where each appears.",
+    "Quote the last sentence of the text above and explain what it asks.",
+    "Find every sentence of the text above that speaks of liberty and quote it.",
+    "Rewrite the second half of the text above as a short speech for today.",
+    "Answer, quoting the text above: what does the speaker want the listeners to do?",
+]
 
 
 def grounded_prompts() -> list[str]:
@@ -113,6 +123,12 @@ def grounded_prompts() -> list[str]:
         f"Summarise this passage in two sentences, using its own words:\n\n{passages[-1]}",
     ]
     return prompts[:16]
+
+
+def long_prompts() -> list[str]:
+    """The whole of public_domain.txt (~900 tokens) with a task that quotes or rewrites it."""
+    text = TEXT.read_text()
+    return [f"{text}\n\n{task}" for task in LONG_TASKS] * 2
 
 
 @dataclass(slots=True)
@@ -194,7 +210,7 @@ def _spec(run: Run) -> str:
 
 def speed(loaded, workloads: dict[str, list[list[int]]], args) -> None:
     engines = make_engines(loaded, args)
-    warm_up = workloads["grounded"][:8]
+    warm_up = next(iter(workloads.values()))[:8]
     for engine in engines.values():  # what a server has learnt by the time traffic comes
         run_once(
             engine,
@@ -258,6 +274,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", default="1,8", help="concurrencies to run")
+    parser.add_argument(
+        "--workloads",
+        default="grounded,open",
+        help="grounded, open, long (the whole ~900-token text of public_domain.txt with a task "
+        "that quotes or rewrites it)",
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
         "--dtype", default="auto", help="the worker's --dtype (auto: what it picks on this machine)"
@@ -286,7 +308,8 @@ def main() -> None:
             for text in texts
         ]
 
-    workloads = {"grounded": encode(grounded_prompts()), "open": encode(OPEN)}
+    every = {"grounded": grounded_prompts, "open": lambda: OPEN, "long": long_prompts}
+    workloads = {name: encode(every[name]()) for name in args.workloads.split(",")}
     device = torch.device(args.device)
     dtype = resolve_dtype(args.dtype, device).dtype
     info = machine()
