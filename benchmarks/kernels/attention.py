@@ -61,7 +61,7 @@ def paged(batch: int, context: int, head_dim: int, dtype: torch.dtype, device: s
 
 def decode_row(batch: int, context: int, head_dim: int, dtype: torch.dtype, args) -> tuple:
     from services.worker.engine.kv_cache import gather_blocks
-    from services.worker.kernels.decode_attention_host import decode_attention
+    from services.worker.kernels.decode_attention import decode_attention
 
     device = "cpu" if args.dry_run else "cuda"
     if context % BLOCK_SIZE:
@@ -85,7 +85,7 @@ def decode_row(batch: int, context: int, head_dim: int, dtype: torch.dtype, args
 
 
 def prefill_row(seq_len: int, head_dim: int, dtype: torch.dtype, args) -> tuple:
-    from services.worker.kernels.prefill_attention_host import prefill_attention
+    from services.worker.kernels.prefill_attention import prefill_attention
 
     device = "cpu" if args.dry_run else "cuda"
     batch = max(1, args.prefill_tokens // seq_len)

@@ -31,11 +31,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from services.worker.kernels.attention_inputs import HEAD_DIMS, dot_precision
-from services.worker.kernels.decode_attention import decode_attention_kernel, decode_reduce_kernel
-from services.worker.kernels.decode_attention_host import MAX_SPLITS, decode_tiles, group_pad
+from services.worker.kernels.decode_attention import MAX_SPLITS, decode_tiles, group_pad
+from services.worker.kernels.decode_attention_kernel import (
+    decode_attention_kernel,
+    decode_reduce_kernel,
+)
 from services.worker.kernels.platform_tensors import next_power_of_2
-from services.worker.kernels.prefill_attention import prefill_attention_kernel
-from services.worker.kernels.prefill_attention_host import prefill_tiles
+from services.worker.kernels.prefill_attention import prefill_tiles
+from services.worker.kernels.prefill_attention_kernel import prefill_attention_kernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
 CUDA = torch.device("cuda")  # only read by the tile choosers; no device is touched

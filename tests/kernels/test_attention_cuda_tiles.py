@@ -17,12 +17,12 @@ from services.worker.kernels.attention_reference import (
     decode_attention_ref,
     prefill_attention_ref,
 )
-from services.worker.kernels.decode_attention_host import (
+from services.worker.kernels.decode_attention import (
     MAX_SPLITS,
     decode_attention,
     decode_tiles,
 )
-from services.worker.kernels.prefill_attention_host import prefill_attention, prefill_tiles
+from services.worker.kernels.prefill_attention import prefill_attention, prefill_tiles
 from tests.kernels.attention_cases import CUDA, DEVICE, assert_close, paged_cache, random_queries
 
 ON_GPU = torch.device("cuda")  # only read by the tile choosers

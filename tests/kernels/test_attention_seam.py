@@ -9,8 +9,8 @@ import torch
 
 from services.worker.engine.attention_metadata import AttentionMetadata
 from services.worker.engine.torch_attention import TorchAttention
-from services.worker.kernels.decode_attention_host import decode_attention
-from services.worker.kernels.prefill_attention_host import prefill_attention
+from services.worker.kernels.decode_attention import decode_attention
+from services.worker.kernels.prefill_attention import prefill_attention
 from tests.kernels.attention_cases import DEVICE, assert_close
 
 TORCH = TorchAttention()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from services.worker.kernels.attention_reference import decode_attention_ref
-from services.worker.kernels.decode_attention_host import decode_attention
+from services.worker.kernels.decode_attention import decode_attention
 from tests.kernels.attention_cases import (
     DEVICE,
     DTYPES,

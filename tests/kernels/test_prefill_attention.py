@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from services.worker.kernels.attention_reference import prefill_attention_ref
-from services.worker.kernels.prefill_attention_host import prefill_attention
+from services.worker.kernels.prefill_attention import prefill_attention
 from tests.kernels.attention_cases import (
     DEVICE,
     DTYPES,

@@ -13,8 +13,8 @@ import torch
 from services.worker.engine.attention_metadata import AttentionMetadata, lay_out
 from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.kernels.cache_write import write_kv_cache
-from services.worker.kernels.decode_attention_host import decode_attention
-from services.worker.kernels.prefill_attention_host import prefill_attention
+from services.worker.kernels.decode_attention import decode_attention
+from services.worker.kernels.prefill_attention import prefill_attention
 from services.worker.kernels.rms_norm import rms_norm
 from services.worker.kernels.rope import apply_rope
 from services.worker.kernels.silu_mul import silu_mul

@@ -1,144 +1,185 @@
-"""Triton kernels: paged decode attention, one new query per sequence, split across the context.
+"""Paged decode attention, host side: checks the arguments, picks the split, launches.
 
-The host side (shapes, strides, grid, split choice) is decode_attention_host.py.
-
-decode_attention_kernel runs one program per (sequence, KV head, split). The G query heads that
-share a KV head are the rows of one tile, so every key and value of a sequence is read once per
-KV head, not once per query head (GQA). A split covers tokens_per_split consecutive positions;
-with SPLIT the program writes its partial result (normalised output and log2-sum-exp per head)
-and decode_reduce_kernel merges the splits, so a long context spreads over many programs even
-at batch 1. Without SPLIT (one split) the program writes the final output itself.
-
-Scores are kept in base 2 (the scale is pre-multiplied by log2(e)) so the softmax uses exp2,
-which maps to one hardware instruction; the partial log-sum-exp is base 2 as well.
-"""
+The kernels are in decode_attention_kernel.py; the cache layout and block tables are described in
+attention_inputs.py. Reference: attention_reference.decode_attention_ref."""
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from services.worker.kernels.attention_inputs import (
+    PagedKV,
+    cdiv,
+    check_out,
+    check_paged_kv,
+    check_sequences,
+    dot_precision,
+    qk_scale,
+)
+from services.worker.kernels.decode_attention_kernel import (
+    decode_attention_kernel,
+    decode_reduce_kernel,
+)
+from services.worker.kernels.platform_tensors import next_power_of_2
+
+# A split shorter than this spends more on its fixed cost (loading q, writing a partial, the
+# reduction reading it back) than it gains in parallelism.
+MIN_TOKENS_PER_SPLIT = 256
+# Off CUDA (the interpreter): two of its 16-key steps per split.
+MIN_TOKENS_PER_SPLIT_CPU = 32
+# The reduction holds every split's partial of one head in registers: [SPLITS_PAD, D] fp32.
+MAX_SPLITS = 64
+# Programs per SM to aim for: two waves hide the latency of one program's gathers.
+PROGRAMS_PER_SM = 2
 
 
-@triton.jit
-def decode_attention_kernel(
-    q_ptr,  # [B, Hq, D]
-    k_cache_ptr,  # [num_blocks, PAGE_SIZE, Hkv, D]
-    v_cache_ptr,  # [num_blocks, PAGE_SIZE, Hkv, D]
-    block_tables_ptr,  # [B, max_blocks] int32/int64
-    context_lens_ptr,  # [B] int32/int64: keys each query sees, its own included
-    out_ptr,  # [B, Hq, D], written when not SPLIT
-    part_out_ptr,  # [B, Hq, num_splits, D] fp32, written when SPLIT
-    part_lse_ptr,  # [B, Hq, num_splits] fp32 (base 2), written when SPLIT
-    qk_scale,  # softmax scale * log2(e)
-    tokens_per_split,  # a multiple of BLOCK_N
-    stride_qb, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_tb, stride_tn,
-    stride_ob, stride_oh,
-    stride_pb, stride_ph, stride_ps,
-    stride_lb, stride_lh,
-    GROUP: tl.constexpr,  # query heads per KV head (Hq // Hkv)
-    GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two, >= 16: tl.dot's minimum M
-    HEAD_DIM: tl.constexpr,  # power of two: tl.arange needs one, and loads vectorise over it
-    PAGE_SIZE: tl.constexpr,  # cache block size: constant per cache, so / and % compile to shifts
-    BLOCK_N: tl.constexpr,  # keys per loop step: >= 16 for tl.dot; need not divide a page
-    SPLIT: tl.constexpr,  # several splits: write partials for decode_reduce_kernel
-    DOT_PRECISION: tl.constexpr,  # "ieee": fp32 caches stay fp32 (no tf32); fp16/bf16 ignore it
-):  # fmt: skip
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    context_len = tl.load(context_lens_ptr + seq).to(tl.int32)
-    start = split * tokens_per_split
-    if SPLIT:
-        if start >= context_len:
-            return  # this sequence is shorter than the longest: the reduction skips this split
-    end = tl.minimum(start + tokens_per_split, context_len)
+@dataclass(frozen=True, slots=True)
+class DecodeTiles:
+    block_n: int
+    num_warps: int
+    num_stages: int
 
-    offs_g = tl.arange(0, GROUP_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
-    heads = kv_head * GROUP + offs_g
-    mask_g = offs_g < GROUP
-    q_ptrs = q_ptr + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=mask_g[:, None], other=0.0)  # [GROUP_PAD, D]
 
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    table_ptr = block_tables_ptr + seq * stride_tb
-    k_head_ptr = k_cache_ptr + kv_head * stride_kh
-    v_head_ptr = v_cache_ptr + kv_head * stride_vh
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        # int64: block id * block stride exceeds 2**31 elements on a large cache.
-        blocks = tl.load(table_ptr + (offs_n // PAGE_SIZE) * stride_tn, mask=mask_n, other=0)
-        blocks = blocks.to(tl.int64)
-        slots = offs_n % PAGE_SIZE
-        k_ptrs = k_head_ptr + blocks[:, None] * stride_kb + slots[:, None] * stride_ks
-        k = tl.load(k_ptrs + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, D]
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [G, N] fp32
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        # n0 < end, so every step has a real key and m_new is finite.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_ptrs = v_head_ptr + blocks[:, None] * stride_vb + slots[:, None] * stride_vs
-        v = tl.load(v_ptrs + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, D]
-        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+def decode_tiles(device: torch.device, head_dim: int, dtype: torch.dtype) -> DecodeTiles:
+    """Keys per loop step and launch shape for the device, head dim and dtype."""
+    if device.type == "cpu":
+        # The interpreter: 16-key steps let small test contexts cross several steps and splits.
+        return DecodeTiles(block_n=16, num_warps=1, num_stages=1)
+    # Compiled for sm_90 and read with ptxas -v (python -m tests.kernels.attention_sm90): with
+    # 32-key steps, D=64 on 4 warps and D=128 on 8 need 64-80 registers in fp16/bf16 (and
+    # fp32), no spills, 7-27 KB of shared memory (64-key steps, measured earlier, needed
+    # 249-255 and spilled at D=128 on 4 warps). Fewer registers leave room for more programs
+    # per SM, whose gathers overlap. num_stages adds no pipeline buffers for the gathered loads
+    # (same shared memory at 1..3), so one stage. Not yet timed on a GPU:
+    # benchmarks/kernels/attention.py is where to tune. One exception: fp32 at D=128 with a
+    # GQA group of 8 and one split gets 64 registers from ptxas and spills 24 bytes with
+    # 32-key steps; 16-key steps do not spill (64 registers, 17 KB) in any fp32 D=128 variant.
+    if dtype == torch.float32 and head_dim > 64:
+        return DecodeTiles(block_n=16, num_warps=8, num_stages=1)
+    return DecodeTiles(block_n=32, num_warps=4 if head_dim <= 64 else 8, num_stages=1)
 
-    if SPLIT:
-        # start < context_len here, so l_i > 0.
-        part_ptrs = part_out_ptr + seq * stride_pb + heads[:, None] * stride_ph
-        part_ptrs += split * stride_ps + offs_d[None, :]
-        tl.store(part_ptrs, acc / l_i[:, None], mask=mask_g[:, None])
-        lse_ptrs = part_lse_ptr + seq * stride_lb + heads * stride_lh + split
-        tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=mask_g)
+
+def group_pad(group: int) -> int:
+    """The query heads of one KV head padded to a tile's rows: a power of two, and at least
+    16, tl.dot's minimum M."""
+    return max(16, next_power_of_2(group))
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(
+    batch: int, num_kv_heads: int, max_context_len: int, device: torch.device
+) -> int:
+    """Enough splits that batch * Hkv * splits fills the GPU, none shorter than the minimum.
+
+    Off CUDA (the interpreter, in tests) a context splits every MIN_TOKENS_PER_SPLIT_CPU
+    tokens: the worker's CPU tests then take the split path (partials, the reduction, splits
+    left empty by shorter sequences) that long contexts take on a GPU."""
+    if device.type != "cuda":
+        return max(1, min(cdiv(max_context_len, MIN_TOKENS_PER_SPLIT_CPU), MAX_SPLITS))
+    wanted = cdiv(PROGRAMS_PER_SM * _sm_count(device.index or 0), batch * num_kv_heads)
+    by_length = cdiv(max_context_len, MIN_TOKENS_PER_SPLIT)
+    return max(1, min(wanted, by_length, MAX_SPLITS))
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    *,
+    max_context_len: int | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    tiles: DecodeTiles | None = None,
+) -> torch.Tensor:
+    """One query per sequence over its paged K/V: returns out [B, Hq, D] in q's dtype.
+
+    q: [B, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables: [B, nb];
+    context_lens: [B], each >= 1, the query's own key included (already written to the cache).
+    Query head h reads KV head h // (Hq // Hkv). scale defaults to 1/sqrt(D).
+    max_context_len bounds context_lens (default nb * block_size: no device sync); it sizes
+    the splits. num_splits overrides the split count, tiles the device's tiles (tests: the
+    CUDA tiles under the interpreter; benchmarks)."""
+    kv = check_paged_kv(q, k_cache, v_cache)
+    batch, num_heads, head_dim = q.shape
+    check_sequences(q, block_tables, context_lens, batch)
+    out = check_out(out, q)
+    scale_log2 = qk_scale(scale, head_dim)
+    capacity = block_tables.shape[1] * kv.page_size
+    if max_context_len is None:
+        max_context_len = capacity
+    if not 0 <= max_context_len <= capacity:
+        raise ValueError(
+            f"max_context_len {max_context_len} is outside the block tables' "
+            f"{block_tables.shape[1]} blocks of {kv.page_size} tokens"
+        )
+    if batch == 0 or max_context_len == 0:
+        return out.zero_()
+    tiles = tiles or decode_tiles(q.device, head_dim, q.dtype)
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, kv.num_kv_heads, max_context_len, q.device)
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in 1..{MAX_SPLITS}, got {num_splits}")
+    tokens_per_split = cdiv(cdiv(max_context_len, num_splits), tiles.block_n) * tiles.block_n
+    num_splits = cdiv(max_context_len, tokens_per_split)  # rounding up may leave splits empty
+    _launch(q, k_cache, v_cache, block_tables, context_lens, out, kv, scale_log2, tiles,
+            num_splits, tokens_per_split)  # fmt: skip
+    return out
+
+
+def _launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    out: torch.Tensor,
+    kv: PagedKV,
+    scale_log2: float,
+    tiles: DecodeTiles,
+    num_splits: int,
+    tokens_per_split: int,
+) -> None:
+    batch, num_heads, head_dim = q.shape
+    split = num_splits > 1
+    if split:
+        part_out = torch.empty(
+            (batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
+        part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
     else:
-        # An empty context (never sent by the worker) yields zeros, not NaN.
-        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        out = acc / l_safe[:, None]
-        out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None])
-
-
-@triton.jit
-def decode_reduce_kernel(
-    part_out_ptr,  # [B, Hq, num_splits, D] fp32
-    part_lse_ptr,  # [B, Hq, num_splits] fp32 (base 2)
-    context_lens_ptr,  # [B]
-    out_ptr,  # [B, Hq, D]
-    tokens_per_split,
-    num_splits,
-    stride_pb, stride_ph, stride_ps,
-    stride_lb, stride_lh,
-    stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr,  # power of two, as in decode_attention_kernel
-    SPLITS_PAD: tl.constexpr,  # num_splits rounded up to a power of two (tl.arange)
-):  # fmt: skip
-    """One program per (sequence, query head): the splits' outputs weighted by their sums."""
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    context_len = tl.load(context_lens_ptr + seq).to(tl.int32)
-    # Splits past this sequence's context wrote nothing: their memory is garbage, so mask it.
-    used = tl.minimum((context_len + tokens_per_split - 1) // tokens_per_split, num_splits)
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
-    mask_s = offs_s < used
-    lse_ptrs = part_lse_ptr + seq * stride_lb + head * stride_lh + offs_s
-    lse = tl.load(lse_ptrs, mask=mask_s, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    weights = tl.where(mask_s, tl.exp2(lse - m), 0.0)  # [SPLITS_PAD]
-    part_ptrs = part_out_ptr + seq * stride_pb + head * stride_ph
-    part_ptrs += offs_s[:, None] * stride_ps + offs_d[None, :]
-    parts = tl.load(part_ptrs, mask=mask_s[:, None], other=0.0)  # [SPLITS_PAD, D]
-    total = tl.sum(weights, axis=0)
-    total = tl.where(total == 0.0, 1.0, total)
-    out = tl.sum(parts * weights[:, None], axis=0) / total
-    out_ptrs = out_ptr + seq * stride_ob + head * stride_oh + offs_d
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty))
+        part_out = part_lse = out  # not written; any tensor fills the argument
+    group = kv.group(num_heads)
+    decode_attention_kernel[(batch, kv.num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
+        scale_log2, tokens_per_split,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), block_tables.stride(1),
+        out.stride(0), out.stride(1),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim,
+        PAGE_SIZE=kv.page_size, BLOCK_N=tiles.block_n, SPLIT=split,
+        DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if split:
+        decode_reduce_kernel[(batch, num_heads)](
+            part_out, part_lse, context_lens, out, tokens_per_split, num_splits,
+            part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1),
+            out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, SPLITS_PAD=next_power_of_2(num_splits),
+            num_warps=tiles.num_warps,
+        )  # fmt: skip

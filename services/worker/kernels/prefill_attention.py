@@ -1,134 +1,112 @@
-"""Triton kernel: causal prefill attention over the paged KV cache (FlashAttention-2 style).
+"""Causal prefill attention over the paged cache, host side: checks the arguments, launches.
 
-The host side (shapes, strides, grid, tiles) is prefill_attention_host.py.
-
-The batch is packed: sequence s owns query rows cu_seqlens[s]:cu_seqlens[s+1] and has
-context_lens[s] keys in the cache, its new tokens' keys included (the worker writes new K/V into
-the cache before attention). Its first context_lens[s] - q_len keys are a cached prefix every new
-query sees; new query i sits at position prefix + i and sees keys 0..prefix + i.
-
-One program per (query tile, query head, sequence) walks the keys in BLOCK_N steps with an
-online softmax (running max m_i, running sum l_i, unnormalised accumulator). The keys split in
-two phases: those below the tile's first position are visible to every row, so they need no
-causal mask; the diagonal steps after them do. Scores are base 2 (scale * log2(e)) for exp2.
-"""
+The kernel is in prefill_attention_kernel.py; the cache layout and block tables are described in
+attention_inputs.py. Reference: attention_reference.prefill_attention_ref."""
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
+from dataclasses import dataclass
 
+import torch
 
-@triton.jit
-def _attend_keys(
-    acc, l_i, m_i,  # running state: [M, D] fp32, [M] fp32, [M] fp32
-    q,  # [BLOCK_M, D]
-    q_pos,  # [BLOCK_M] position of each query row
-    lo, hi,  # key positions [lo, hi) to visit; lo is a multiple of BLOCK_N
-    table_ptr, stride_tn,  # this sequence's block table row
-    k_head_ptr, stride_kb, stride_ks,  # K cache at this KV head
-    v_head_ptr, stride_vb, stride_vs,
+from services.worker.kernels.attention_inputs import (
+    cdiv,
+    check_out,
+    check_paged_kv,
+    check_sequences,
+    dot_precision,
     qk_scale,
-    CAUSAL: tl.constexpr,  # mask keys after each query's position (the diagonal phase)
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    offs_d = tl.arange(0, HEAD_DIM)
-    for n0 in range(lo, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
-        # int64: block id * block stride exceeds 2**31 elements on a large cache.
-        blocks = tl.load(table_ptr + (offs_n // PAGE_SIZE) * stride_tn, mask=mask_n, other=0)
-        blocks = blocks.to(tl.int64)
-        slots = offs_n % PAGE_SIZE
-        k_ptrs = k_head_ptr + blocks[:, None] * stride_kb + slots[:, None] * stride_ks
-        k = tl.load(k_ptrs + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, D]
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N] fp32
-        visible = mask_n[None, :]
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        # A row can see no key of a diagonal step (keys after it); its max must stay finite
-        # there, and it does: every row saw key lo <= its position in an earlier step.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_ptrs = v_head_ptr + blocks[:, None] * stride_vb + slots[:, None] * stride_vs
-        v = tl.load(v_ptrs + offs_d[None, :], mask=mask_n[:, None], other=0.0)  # [N, D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-    return acc, l_i, m_i
+)
+from services.worker.kernels.platform_tensors import check_index, check_shape, check_tensor
+from services.worker.kernels.prefill_attention_kernel import prefill_attention_kernel
 
 
-@triton.jit
-def prefill_attention_kernel(
-    q_ptr,  # [T, Hq, D] packed new tokens
-    k_cache_ptr,  # [num_blocks, PAGE_SIZE, Hkv, D]
-    v_cache_ptr,  # [num_blocks, PAGE_SIZE, Hkv, D]
-    out_ptr,  # [T, Hq, D]
-    cu_seqlens_ptr,  # [S + 1] int32/int64: row offsets of each sequence's new tokens
-    context_lens_ptr,  # [S] int32/int64: cached + new tokens per sequence
-    block_tables_ptr,  # [S, max_blocks] int32/int64
-    qk_scale,  # softmax scale * log2(e)
-    stride_qt, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_ot, stride_oh,
-    stride_tb, stride_tn,
-    GROUP: tl.constexpr,  # query heads per KV head (Hq // Hkv)
-    HEAD_DIM: tl.constexpr,  # power of two: tl.arange needs one, and loads vectorise over it
-    PAGE_SIZE: tl.constexpr,  # cache block size: constant per cache, so / and % compile to shifts
-    BLOCK_M: tl.constexpr,  # query rows per program: >= 16 for tl.dot
-    BLOCK_N: tl.constexpr,  # keys per loop step: >= 16 for tl.dot
-    DOT_PRECISION: tl.constexpr,  # "ieee": fp32 caches stay fp32 (no tf32); fp16/bf16 ignore it
-):  # fmt: skip
-    # Tiles in reverse: the last tiles of a sequence see the most keys, and starting the
-    # longest programs first keeps the tail of the grid short.
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)
-    head = tl.program_id(1)
-    seq = tl.program_id(2)
-    q_start = tl.load(cu_seqlens_ptr + seq).to(tl.int32)
-    q_len = tl.load(cu_seqlens_ptr + seq + 1).to(tl.int32) - q_start
-    m_start = tile * BLOCK_M
-    if m_start >= q_len:
-        return  # the grid covers the longest chunk; this one is shorter
-    context_len = tl.load(context_lens_ptr + seq).to(tl.int32)
-    prefix = context_len - q_len
-    kv_head = head // GROUP
+@dataclass(frozen=True, slots=True)
+class PrefillTiles:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
 
-    offs_m = m_start + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    mask_m = offs_m < q_len
-    rows = (q_start + offs_m).to(tl.int64)
-    q_ptrs = q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=mask_m[:, None], other=0.0)  # [BLOCK_M, D]
-    q_pos = prefix + offs_m
 
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    table_ptr = block_tables_ptr + seq * stride_tb
-    k_head_ptr = k_cache_ptr + kv_head * stride_kh
-    v_head_ptr = v_cache_ptr + kv_head * stride_vh
-    # Keys below the tile's first position (rounded down to a step) are seen by every row.
-    shared_end = ((prefix + m_start) // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attend_keys(
-        acc, l_i, m_i, q, q_pos, 0, shared_end, table_ptr, stride_tn,
-        k_head_ptr, stride_kb, stride_ks, v_head_ptr, stride_vb, stride_vs, qk_scale,
-        False, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION,
+def prefill_tiles(device: torch.device, head_dim: int, dtype: torch.dtype) -> PrefillTiles:
+    """Query rows and keys per step, and launch shape, for the device, head dim and dtype."""
+    if device.type == "cpu":
+        # The interpreter: 16 x 16 tiles let small test chunks cross tile and step boundaries.
+        return PrefillTiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
+    # Compiled for sm_90 and read with ptxas -v (python -m tests.kernels.attention_sm90), of
+    # BLOCK_M 32..128 x BLOCK_N 16..64 on 4 or 8 warps these are the largest with no register
+    # spills. A larger BLOCK_M reuses each gathered K/V step over more rows. fp16/bf16: 128 x 64
+    # at D=64 (128 registers), 64 x 32 at D=128 (109). fp32 tiles hold twice the bytes per
+    # element, and the fp16/bf16 tiles spill there (128 x 64 at D=64: 255 registers and ~3 KB
+    # of spills; 64 x 32 at D=128: ~2 KB); 64 x 32 at D=64 (178 registers) and 32 x 32 at
+    # D=128 (210) do not. All on 8 warps. num_stages adds no pipeline buffers for the gathered
+    # loads (same shared memory at 1..3), so one stage. Not yet timed on a GPU:
+    # benchmarks/kernels/attention.py is where to tune.
+    wide = dtype == torch.float32
+    if head_dim <= 64:
+        if wide:
+            return PrefillTiles(block_m=64, block_n=32, num_warps=8, num_stages=1)
+        return PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=1)
+    if wide:
+        return PrefillTiles(block_m=32, block_n=32, num_warps=8, num_stages=1)
+    return PrefillTiles(block_m=64, block_n=32, num_warps=8, num_stages=1)
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float | None = None,
+    *,
+    max_query_len: int | None = None,
+    out: torch.Tensor | None = None,
+    tiles: PrefillTiles | None = None,
+) -> torch.Tensor:
+    """Causal attention of packed new tokens over their sequences' paged K/V.
+
+    q: [T, Hq, D], sequence s's new tokens in rows cu_seqlens[s]:cu_seqlens[s+1] ([S + 1],
+    non-decreasing, within 0..T; it need not start at 0 nor end at T, so a run of consecutive
+    sequences of a larger batch can go alone, and rows outside it are left as they are in
+    out); k_cache, v_cache:
+    [num_blocks, block_size, Hkv, D] holding every key each query sees, the new tokens' own
+    included (write them first); context_lens: [S], cached + new tokens; block_tables:
+    [S, nb]. New token i of sequence s sits at position context_lens[s] - q_len + i and attends
+    to keys 0..that position. Query head h reads KV head h // (Hq // Hkv). scale defaults to
+    1/sqrt(D). max_query_len bounds the chunk lengths and sizes the grid; left None it is read
+    from cu_seqlens (a device sync). tiles overrides the device's (tests: the CUDA tiles under
+    the interpreter; benchmarks). Returns out [T, Hq, D] in q's dtype."""
+    kv = check_paged_kv(q, k_cache, v_cache)
+    num_tokens, num_heads, head_dim = q.shape
+    check_tensor("cu_seqlens", cu_seqlens, 1)
+    check_index("cu_seqlens", cu_seqlens)
+    if cu_seqlens.device != q.device or cu_seqlens.shape[0] < 1:
+        raise ValueError(f"cu_seqlens must be a non-empty tensor on {q.device}")
+    num_seqs = cu_seqlens.shape[0] - 1
+    check_sequences(q, block_tables, context_lens, num_seqs)
+    check_shape("cu_seqlens", cu_seqlens, (num_seqs + 1,))
+    out = check_out(out, q)
+    scale_log2 = qk_scale(scale, head_dim)
+    if max_query_len is None:
+        max_query_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if num_seqs else 0
+    if not 0 <= max_query_len <= num_tokens:
+        raise ValueError(f"max_query_len {max_query_len} is outside 0..{num_tokens} rows")
+    if num_seqs == 0 or max_query_len == 0:
+        return out
+    tiles = tiles or prefill_tiles(q.device, head_dim, q.dtype)
+    grid = (cdiv(max_query_len, tiles.block_m), num_heads, num_seqs)
+    prefill_attention_kernel[grid](
+        q, k_cache, v_cache, out, cu_seqlens, context_lens, block_tables, scale_log2,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1),
+        block_tables.stride(0), block_tables.stride(1),
+        GROUP=kv.group(num_heads), HEAD_DIM=head_dim, PAGE_SIZE=kv.page_size,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
-    diagonal_end = tl.minimum(context_len, prefix + m_start + BLOCK_M)
-    acc, l_i, m_i = _attend_keys(
-        acc, l_i, m_i, q, q_pos, shared_end, diagonal_end, table_ptr, stride_tn,
-        k_head_ptr, stride_kb, stride_ks, v_head_ptr, stride_vb, stride_vs, qk_scale,
-        True, HEAD_DIM, PAGE_SIZE, BLOCK_N, DOT_PRECISION,
-    )  # fmt: skip
-
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # an empty context yields zeros, not NaN
-    out = acc / l_safe[:, None]
-    out_ptrs = out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+    return out

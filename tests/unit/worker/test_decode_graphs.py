@@ -18,7 +18,7 @@ import torch
 from services.worker.engine.decode_graphs import capture_sizes
 from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.engine.model_runner import ModelRunner
-from services.worker.kernels import decode_attention_host
+from services.worker.kernels import decode_attention
 from services.worker.model.loaded import LoadedModel
 from tests.reference_models import greedy_generate
 from tests.unit.worker.plan_driver import Driver
@@ -95,13 +95,13 @@ def test_graph_decode_across_splits(tiny: LoadedModel, monkeypatch: pytest.Monke
     """A context longer than one split: the decode kernel the graphs run writes a partial per
     split and the reduction merges them; the shorter sequence leaves its later splits empty."""
     splits: list[int] = []
-    launch = decode_attention_host._launch
+    launch = decode_attention._launch
 
     def recording(*args: object) -> None:
         splits.append(args[-2])  # num_splits
         launch(*args)
 
-    monkeypatch.setattr(decode_attention_host, "_launch", recording)
+    monkeypatch.setattr(decode_attention, "_launch", recording)
     prompts = random_prompts((LONG_PROMPT, 40), seed=9)
     expected = [greedy_generate(tiny, prompt, NEW_TOKENS) for prompt in prompts]
     runner = _runner(tiny, 2, max_model_len=LONG_MODEL_LEN)
