@@ -13,11 +13,12 @@ import pytest
 from layerserve.worker.v1 import worker_pb2_grpc
 from services.scheduler.engine import Engine
 from services.scheduler.scheduler import SchedulerLimits
-from services.worker.engine.null_runner import NullRunner
+from services.worker.engine.null_runner import NullRunner, continuation
 from services.worker.serving.server import WorkerServicer
 from tests.unit.scheduler.drive import EOS, make_request
 
 STEP_SECONDS = 0.02
+PROMPT = [EOS + 10, 11, 12]
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ async def test_steps_in_flight_and_tokens(slow_worker, async_scheduling, ahead):
     try:
         await _until(lambda: engine.scheduler is not None)
         for rid in ("a", "b", "c"):
-            engine.submit(make_request(rid, [EOS + 10, 11, 12], max_tokens=6))
+            engine.submit(make_request(rid, PROMPT, max_tokens=6))
         most_in_flight = 0
         while sum(o.finish_reason is not None for o in outputs) < 3:
             most_in_flight = max(most_in_flight, len(engine._in_flight))
@@ -54,8 +55,8 @@ async def test_steps_in_flight_and_tokens(slow_worker, async_scheduling, ahead):
     tokens: dict[str, list[int]] = {}
     for output in outputs:
         tokens.setdefault(output.request_id, []).extend(output.token_ids)
-    # The null runner's cycle: exactly max_tokens each, none past the end.
-    assert tokens == {rid: list(range(300, 306)) for rid in ("a", "b", "c")}
+    # The null runner's tokens: exactly max_tokens each, none past the end.
+    assert tokens == {rid: continuation(PROMPT, 6) for rid in ("a", "b", "c")}
 
 
 async def _until(condition, timeout_s: float = 20.0) -> None:
