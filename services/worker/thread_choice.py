@@ -6,7 +6,11 @@ does not run 64 OpenMP threads that the quota throttles in turn.
 Measured through the gateway on 2 shared cores (docs/benchmarks.md, "Issue 18"): 2 threads
 beat 1 even with the other services and a load average of 7-12 on the machine, so the default
 does not leave a core idle for the other services. No pinning: on a shared machine a thread
-pinned to a busy core has nowhere else to go."""
+pinned to a busy core has nowhere else to go.
+
+The ranks of a tensor-parallel worker share those cores (rank_threads): N ranks of one thread
+per core each would run N times as many threads as there are cores, and every collective
+waits for the rank that the oversubscription slowed most."""
 
 from __future__ import annotations
 
@@ -43,3 +47,13 @@ def worker_threads(requested: int, cpus: int | None = None) -> int:
     if requested < 0:
         raise ValueError(f"--threads must be >= 0 (0: auto), got {requested}")
     return requested or (usable_cpus() if cpus is None else cpus)
+
+
+def rank_threads(requested: int, world_size: int, cpus: int | None = None) -> int:
+    """--threads `requested` for each of `world_size` tensor-parallel ranks on one machine
+    (0: auto, the usable cores shared evenly, at least one each) -> each rank's thread count."""
+    if world_size < 1:
+        raise ValueError(f"the tensor-parallel size must be >= 1, got {world_size}")
+    if requested:
+        return worker_threads(requested)
+    return max(1, worker_threads(0, cpus) // world_size)

@@ -29,6 +29,7 @@ import torch.multiprocessing as mp
 from services.common.logs import setup_logging
 from services.worker.engine.tp_runner import TensorParallelRunner
 from services.worker.serving.tp_rank import RankSpec, build_rank_runner
+from services.worker.thread_choice import rank_threads
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,10 @@ def start_tensor_parallel(spec: RankSpec) -> TensorParallelRunner:
     """Spawns ranks 1..N-1 and builds rank 0 here; returns rank 0's runner. Its close() stops
     the other ranks. ValueError (before any process starts) when the split cannot work."""
     spec.check()
-    spec = dataclasses.replace(spec, master_port=_free_port(spec.master_addr))
+    threads = rank_threads(spec.threads, spec.world_size)
+    how = "--threads" if spec.threads else "auto: the usable cores shared by the ranks"
+    log.info("%d torch threads in each of %d ranks (%s)", threads, spec.world_size, how)
+    spec = dataclasses.replace(spec, master_port=_free_port(spec.master_addr), threads=threads)
     context = mp.get_context("spawn")
     ranks = [
         context.Process(
