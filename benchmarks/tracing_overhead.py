@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from layerserve.scheduler.v1 import scheduler_pb2
 from layerserve.tokenizer.v1 import tokenizer_pb2
 from services.common import tracing
+from services.common.max_tokens import MaxTokens
 from services.common.sampling import SamplingOptions
 from services.gateway import request_span
 from services.gateway.backend import ChatMessage, GenerationRequest
@@ -53,7 +54,7 @@ def _request_hooks(n: int) -> float:
     request = GenerationRequest("r-0", "m", messages=[ChatMessage("user", "x")], max_tokens=8)
     generate = tokenizer_pb2.GenerateRequest(request_id="r-0", model="m")
     submit = scheduler_pb2.Submit(request_id="r-0", model="m", max_tokens=8)
-    submission = Submission("r-0", "m", [1], max_tokens=8)
+    submission = Submission("r-0", "m", [1], max_tokens=MaxTokens(8))
     output = tokenizer_pb2.GenerateOutput(request_id="r-0", prompt_tokens=3, completion_tokens=8)
     tally = UsageTally(1)
     tokenizer = TokenizerTracer()
@@ -102,7 +103,7 @@ def _scheduler(requests: int, tokens: int, traces: RequestTraces | None) -> Sche
         prompt = [100 + (i * 7 + j) % 30000 for j in range(PROMPT_TOKENS)]
         request = Request(f"r-{i}", prompt, tokens, SamplingOptions(), frozenset())
         if traces is not None:
-            traces.start(Submission(request.request_id, "m", prompt, max_tokens=tokens))
+            traces.start(Submission(request.request_id, "m", prompt, max_tokens=MaxTokens(tokens)))
         scheduler.add(request)
     return scheduler
 

@@ -16,7 +16,6 @@ from services.common.serve import drain_server, run_service, wait_for_shutdown
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.gateway.concurrency import ConcurrencyLimiter, RedisLeases
 from services.gateway.config import GatewayConfig
-from services.gateway.default_length import DefaultLengthBackend
 from services.gateway.front_door import FrontDoor
 from services.gateway.grpc_api import GatewayServicer, public_server
 from services.gateway.http_app import create_app
@@ -36,8 +35,7 @@ async def main() -> None:
     setup_tracing("gateway")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
     front_door = _front_door(config)
     tokenizer = TokenizerBackend(config.tokenizer)
-    stack = DefaultLengthBackend(tokenizer)
-    backend = PromptLoggingBackend(stack) if config.log_prompts else stack
+    backend = PromptLoggingBackend(tokenizer) if config.log_prompts else tokenizer
     if config.log_prompts:
         log.warning("LAYERSERVE_LOG_PROMPTS is on: prompts and completions go to this log")
     lifecycle = Lifecycle(tokenizer.readiness)

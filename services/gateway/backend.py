@@ -53,8 +53,9 @@ class GenerationRequest:
     prompt_token_ids: list[int] | None = None
     add_generation_prompt: bool = True
     max_tokens: int = 0  # 0 = up to the context length
-    # The client set no max_tokens: the gateway's default, which may be cut to what fits.
-    max_tokens_is_default: bool = False
+    # max_tokens is a cap the scheduler lowers to what fits (the gateway's default for a client
+    # that set none); False: the client's own, refused when it does not fit (max_tokens.py).
+    max_tokens_is_cap: bool = False
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)

@@ -86,7 +86,7 @@ def request_from_proto(
     validate_request(req, 1, limits, "max_tokens" if given else None)
     if not given:
         req.max_tokens = default_max_tokens(1, limits)
-        req.max_tokens_is_default = True
+        req.max_tokens_is_cap = True
     return req
 
 

@@ -214,7 +214,7 @@ def _parsed(
     validate_request(template, n, limits, max_tokens_param)
     if max_tokens_param is None:
         template.max_tokens = default_max_tokens(n, limits, preferred_default)
-        template.max_tokens_is_default = True
+        template.max_tokens_is_cap = True
     requests = [_choice(template, response_id, i) for i in range(n)]
     return ParsedRequest(kind, response_id, template.model, stream, include_usage, requests)
 

@@ -41,6 +41,7 @@ def request_to_proto(
         model=req.model,
         sampling=sampling_to_proto(req.sampling),
         max_tokens=req.max_tokens,
+        max_tokens_is_cap=req.max_tokens_is_cap,
         stop=req.stop,
         stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos,

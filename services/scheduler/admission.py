@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.errors import InvalidArgument
+from services.common.max_tokens import MaxTokens
 from services.common.sampling import SamplingOptions
 from services.scheduler.kv_cache_manager import Windows, token_capacity
 from services.scheduler.request import Request
@@ -31,7 +32,7 @@ def admit(
     *,
     request_id: str,
     prompt_token_ids: list[int],
-    max_tokens: int,
+    max_tokens: MaxTokens,
     sampling: SamplingOptions,
     stop_token_ids: list[int],
     ignore_eos: bool,
@@ -40,7 +41,8 @@ def admit(
     limits: ModelLimits,
     tenant: str = "",
 ) -> Request:
-    """Raises InvalidArgument when the request can never run on this model."""
+    """Raises InvalidArgument when the request can never run on this model. Resolves
+    max_tokens, the one place it is: a cap is lowered to what fits, a strict one must fit."""
     if not request_id:
         raise InvalidArgument("request_id must not be empty")
     num_prompt = len(prompt_token_ids)
@@ -51,8 +53,10 @@ def admit(
         raise InvalidArgument(
             f"token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})", param="prompt"
         )
-    if max_tokens < 0:
-        raise InvalidArgument(f"max_tokens must be positive, got {max_tokens}", param="max_tokens")
+    if max_tokens.limit < 0:
+        raise InvalidArgument(
+            f"max_tokens must be positive, got {max_tokens.limit}", param="max_tokens"
+        )
     if num_prompt >= limits.max_model_len:
         raise InvalidArgument(
             f"This model's maximum context length is {limits.max_model_len} tokens. However, "
@@ -61,15 +65,15 @@ def admit(
         )
     kv_capacity = limits.kv_capacity
     if num_prompt >= kv_capacity:
-        # Checked apart: with max_tokens unset, "what fits" below would be negative, and a
-        # request that can never get its blocks would wait in the queue forever.
+        # Checked apart: "what fits" below would be negative, and a request that can never
+        # get its blocks would wait in the queue forever.
         raise InvalidArgument(
             f"your prompt has {num_prompt} tokens, but this worker's KV cache holds "
             f"{kv_capacity} tokens, prompt and completion together. Shorten the prompt.",
             param="prompt",
         )
-    # Unset max_tokens means "as many as fit": in the context and in the worker's KV cache.
-    resolved = max_tokens or min(limits.max_model_len, kv_capacity) - num_prompt
+    # What fits: in the context and in the worker's KV cache. Never below 1 here.
+    resolved = max_tokens.resolve(min(limits.max_model_len, kv_capacity) - num_prompt)
     if num_prompt + resolved > limits.max_model_len:
         raise InvalidArgument(
             f"This model's maximum context length is {limits.max_model_len} tokens. However, you "

@@ -59,7 +59,7 @@ class RequestTrace:
         if span.is_recording():
             span.set_attributes(
                 attrs.request_attributes(
-                    submission.model, submission.max_tokens, submission.sampling
+                    submission.model, submission.max_tokens.limit, submission.sampling
                 )
             )
             span.set_attribute(attrs.CHOICE_ID, submission.request_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.max_tokens import MaxTokens
 from services.common.sampling import SamplingOptions
 
 
@@ -13,7 +14,7 @@ class Submission:
     request_id: str
     model: str
     prompt_token_ids: list[int]
-    max_tokens: int = 0  # 0: as many as fit
+    max_tokens: MaxTokens = MaxTokens()  # unset: as many as fit
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False

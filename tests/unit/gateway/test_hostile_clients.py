@@ -11,15 +11,17 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis
 
-from services.common.errors import InvalidArgument, ResourceExhausted
+from layerserve.gateway.v1 import gateway_pb2
+from services.common.errors import ResourceExhausted
 from services.gateway.api_keys import ApiKey, KeyLimits, KeyRing, bearer_token, hash_key
 from services.gateway.backend import GenerationRequest
 from services.gateway.concurrency import ConcurrencyLimiter, RedisLeases
-from services.gateway.default_length import DefaultLengthBackend
 from services.gateway.front_door import FrontDoor
+from services.gateway.grpc_api import request_from_proto
 from services.gateway.http_app import create_app
 from services.gateway.rate_limiter import LocalBuckets, RateLimiter, RedisBuckets
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
+from services.gateway.tokenizer_client import request_to_proto
 from tests.unit.gateway.echo_backend import MODEL, EchoBackend
 
 
@@ -141,27 +143,17 @@ async def test_a_request_without_max_tokens_gets_a_bounded_default():
     assert {r.max_tokens for r in backend.requests} == {50}  # 800 / 16: within the cap
 
 
-async def test_a_default_that_does_not_fit_the_context_becomes_what_fits():
-    class ShortContext(EchoBackend):
-        def generate(self, request):
-            if request.max_tokens > 10:
-                raise_later = InvalidArgument("... Reduce the prompt or max_tokens.")
-                return _failing(raise_later)
-            return super().generate(request)
-
-    backend = ShortContext()
-    request = _request(1024)
-    request.max_tokens_is_default = True
-    deltas = [d async for d in DefaultLengthBackend(backend).generate(request)]
-    assert deltas[-1].finish_reason == "stop" and backend.requests[-1].max_tokens == 0
-    request.max_tokens_is_default = False  # the client's own max_tokens: its error stands
-    with pytest.raises(InvalidArgument):
-        _ = [d async for d in DefaultLengthBackend(backend).generate(request)]
-
-
-async def _failing(error: Exception):
-    raise error
-    yield  # an async generator
+async def test_a_default_goes_down_as_a_cap_and_the_clients_own_max_tokens_as_is():
+    """The scheduler lowers a cap to what fits the prompt, so a default is sent once (and
+    tokenized once); a max_tokens the client set is never lowered: too long, it is a 400."""
+    _, _, backend = await _post(_chat(n=2))
+    assert [(r.max_tokens, r.max_tokens_is_cap) for r in backend.requests] == [(1024, True)] * 2
+    assert request_to_proto(backend.requests[0]).max_tokens_is_cap
+    _, _, backend = await _post(_chat(max_tokens=1024))
+    assert [(r.max_tokens, r.max_tokens_is_cap) for r in backend.requests] == [(1024, False)]
+    assert not request_to_proto(backend.requests[0]).max_tokens_is_cap
+    grpc_default = request_from_proto(gateway_pb2.GenerateRequest(model=MODEL, prompt="a"), "g", {})
+    assert (grpc_default.max_tokens, grpc_default.max_tokens_is_cap) == (1024, True)
 
 
 async def test_model_names_are_checked_and_never_echoed_whole(caplog):

@@ -113,8 +113,8 @@ def test_chat_messages_and_parts() -> None:
         ("assistant", ""),
     ]
     assert request.add_generation_prompt
-    # chat default: LAYERSERVE_DEFAULT_MAX_TOKENS, cut to what fits by the backend
-    assert request.max_tokens == 1024 and request.max_tokens_is_default
+    # chat default: LAYERSERVE_DEFAULT_MAX_TOKENS, a cap the scheduler lowers to what fits
+    assert request.max_tokens == 1024 and request.max_tokens_is_cap
 
 
 def test_chat_max_completion_tokens_wins() -> None:

@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from services.common.max_tokens import MaxTokens
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.cache_feed import CacheFeed
 from services.scheduler.engine import Engine
@@ -65,7 +66,7 @@ def routed_cluster(
 
 def submit(router: Router, request_id: str, tokens: list[int]) -> Engine:
     """Routes a request; returns the engine that got it."""
-    router.submit(Submission(request_id, MODEL, list(tokens), max_tokens=2))
+    router.submit(Submission(request_id, MODEL, list(tokens), max_tokens=MaxTokens(2)))
     return router._owner[request_id]
 
 

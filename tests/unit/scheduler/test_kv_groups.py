@@ -11,6 +11,7 @@ import pytest
 
 from layerserve.worker.v1 import worker_pb2
 from services.common.errors import InvalidArgument
+from services.common.max_tokens import MaxTokens
 from services.common.sampling import SamplingOptions
 from services.common.sampling_proto import sampling_to_proto
 from services.scheduler.admission import ModelLimits, admit
@@ -229,7 +230,7 @@ def build(prompt_len: int, max_tokens: int, model: ModelLimits):
     return admit(
         request_id="r",
         prompt_token_ids=[5] * prompt_len,
-        max_tokens=max_tokens,
+        max_tokens=MaxTokens(max_tokens),
         sampling=SamplingOptions(),
         stop_token_ids=[],
         ignore_eos=True,

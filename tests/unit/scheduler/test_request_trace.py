@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.common import tracing
+from services.common.max_tokens import MaxTokens
 from services.common.sampling import SamplingOptions
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
@@ -41,7 +42,9 @@ def _submit(
     scheduler: Scheduler, traces: RequestTraces, rid: str, prompt_len: int, max_tokens: int
 ) -> Request:
     prompt = list(range(10, 10 + prompt_len))
-    traces.start(Submission(rid, "m", prompt, max_tokens, trace_context={"traceparent": PARENT}))
+    traces.start(
+        Submission(rid, "m", prompt, MaxTokens(max_tokens), trace_context={"traceparent": PARENT})
+    )
     request = Request(rid, prompt, max_tokens, SamplingOptions(), frozenset())
     scheduler.add(request)
     return request

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.errors import InvalidArgument
+from services.common.max_tokens import MaxTokens
 from services.common.sampling import SamplingOptions
 from services.scheduler.admission import ModelLimits, admit
 from services.scheduler.block_pool import BlockPool
@@ -153,7 +154,7 @@ def test_admission_rejects_what_can_never_run():
         return admit(
             request_id="r",
             prompt_token_ids=prompt,
-            max_tokens=max_tokens,
+            max_tokens=MaxTokens(max_tokens),
             sampling=sampling or SamplingOptions(),
             stop_token_ids=[],
             ignore_eos=False,
