@@ -1,6 +1,7 @@
 """The gateway's OpenAI-compatible HTTP front end, as an aiohttp application.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id},
+Routes: POST /v1/completions, POST /v1/chat/completions, the Responses API (responses_routes.py)
+and the Anthropic Messages API (anthropic_routes.py), GET /v1/models, GET /v1/models/{id},
 GET /v1/usage (the caller's own counters), GET /health (liveness), GET /ready (readiness,
 lifecycle.py), GET /metrics (Prometheus, request_metrics.py). Who may come in, and how many
 at once, is the FrontDoor's business (front_door.py). Every response carries X-Request-Id (the
@@ -15,6 +16,7 @@ iterators and aborts generation even while no bytes are being written.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import uuid
@@ -25,10 +27,14 @@ from aiohttp import web
 from services.common import tracing
 from services.common.errors import LayerserveError, NotFound, Unauthenticated, Unavailable
 from services.gateway import request_span
+from services.gateway.anthropic_errors import ANTHROPIC_PATHS, anthropic_errors
+from services.gateway.anthropic_routes import add_anthropic_routes, authorization
+from services.gateway.api_context import ApiContext, ApiHandler
 from services.gateway.api_keys import ApiKey, KeyRing
 from services.gateway.backend import Backend, ModelCard
 from services.gateway.front_door import FrontDoor
-from services.gateway.http_generation import respond_full, respond_stream
+from services.gateway.grammar_check import check_grammars
+from services.gateway.http_generation import ChunkRenderer, Renderer, respond_full, respond_stream
 from services.gateway.http_json import (
     error_body,
     error_response,
@@ -48,6 +54,8 @@ from services.gateway.prompt_guard import PromptGuard
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
 from services.gateway.request_metrics import error_counter, serve_metrics
 from services.gateway.request_validator import check_model_name
+from services.gateway.responses_routes import add_responses_routes
+from services.gateway.responses_store import ResponseStore
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +74,9 @@ REQUEST_ID_HEADER = "X-Request-Id"
 # An echoed id lands in headers and logs, so only short, plain ones are taken from the client.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 # Only generation is traced: probes, listings and scrapes would bury the requests in Jaeger.
-_TRACED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+_TRACED_PATHS = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/v1/responses", *ANTHROPIC_PATHS}
+)
 # Probes carry no key; the API description is public; so are the metrics (Prometheus scrapes
 # them without one: they hold counts and timings, never a prompt or a key).
 _UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready", "/openapi.json", "/metrics"})
@@ -78,12 +88,16 @@ def create_app(
     front_door: FrontDoor | None = None,
     limits: RequestLimits = DEFAULT_LIMITS,
     lifecycle: Lifecycle | None = None,
+    responses: ResponseStore | None = None,
 ) -> web.Application:
     """front_door None: no authentication, no limits beyond `limits`. A front door with keys
-    wants `Authorization: Bearer <key>`. lifecycle: readiness for /ready, and the drain (503
-    for new requests, a count of those in flight); None: always ready, never draining."""
+    wants `Authorization: Bearer <key>` (or, on the Anthropic API, `x-api-key: <key>`).
+    lifecycle: readiness for /ready, and the drain (503 for new requests, a count of those in
+    flight); None: always ready, never draining. responses: where the Responses API keeps
+    responses; None: in this process's memory."""
     middlewares = [
         _request_id_middleware,
+        anthropic_errors,  # Anthropic's error shape on its paths, whoever answered
         _trace_middleware,  # outside _error_middleware: its span sees the final status
         error_counter(_UNAUTHENTICATED_PATHS),  # outside _error_middleware: sees its answers
         _error_middleware,
@@ -101,6 +115,8 @@ def create_app(
     app.on_response_prepare.append(_add_request_id_header)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
+    add_responses_routes(app, responses or ResponseStore(), _api)
+    add_anthropic_routes(app, _api)
     app.router.add_get("/v1/models", _list_models)
     app.router.add_get("/v1/models/{model:.+}", _get_model)
     app.router.add_get("/v1/usage", _usage)
@@ -167,7 +183,7 @@ async def _auth_middleware(request: web.Request, handler: Handler) -> web.Stream
     if request.path in _UNAUTHENTICATED_PATHS:
         return await handler(request)
     try:
-        request[CALLER] = request.app[FRONT_DOOR].authenticate(request.headers.get("Authorization"))
+        request[CALLER] = request.app[FRONT_DOOR].authenticate(authorization(request))
     except Unauthenticated as err:
         return _unauthorized(err.message)
     return await handler(request)
@@ -189,9 +205,36 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
-    limits = request.app[LIMITS]
+    parsed = parse(await _json_body(request), _trace_context(request), request.app[LIMITS])
+    return await _serve(request, parsed, ChunkRenderer(parsed))
+
+
+def _api(handler: ApiHandler) -> Handler:
+    """A Responses or Anthropic API handler, given what it needs of this app (api_context.py)."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        context = ApiContext(
+            request[CALLER].tenant,
+            request.app[LIMITS],
+            _trace_context(request),
+            functools.partial(_json_body, request),
+            functools.partial(_serve, request),
+        )
+        return await handler(request, context)
+
+    return handle
+
+
+async def _json_body(request: web.Request) -> dict:
     _require_json(request)
-    parsed = parse(parse_json_body(await request.read()), _trace_context(request), limits)
+    return parse_json_body(await request.read())
+
+
+async def _serve(
+    request: web.Request, parsed: ParsedRequest, renderer: Renderer
+) -> web.StreamResponse:
+    """Admits a parsed request and answers it, whole or streamed, in the renderer's shapes."""
+    limits = request.app[LIMITS]
     if not request[CLIENT_GAVE_ID]:
         # Our own id is the response id, which prefixes the id of every choice in the other
         # services' logs: one grep finds the request everywhere.
@@ -201,6 +244,7 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
     caller = request[CALLER]
     door = request.app[FRONT_DOOR]
     async with door.admit(caller, parsed.model, request.app[BACKEND], parsed.requests) as backend:
+        await check_grammars(parsed.requests[0])  # the choices share them; off the event loop
         log.debug(
             "request %s: %s key=%s model=%s n=%d stream=%s",
             request[REQUEST_ID],
@@ -212,9 +256,11 @@ async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
         )
         if parsed.stream:
             stall = limits.stalled_client_seconds
-            response = await respond_stream(request, request[REQUEST_ID], backend, parsed, stall)
+            response = await respond_stream(
+                request, request[REQUEST_ID], backend, parsed, stall, renderer
+            )
         else:
-            response = await respond_full(backend, parsed)
+            response = await respond_full(backend, parsed, renderer)
         request_span.settle(request.get(SPAN), getattr(backend, "tally", None))
         return response
 

@@ -15,6 +15,7 @@ instead of generating for nobody, and the scheduler frees the request's KV block
 from __future__ import annotations
 
 import logging
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -36,6 +37,48 @@ from services.gateway.request_metrics import count_error, error_code
 
 log = logging.getLogger(__name__)
 
+
+class Renderer(Protocol):
+    """One API's shapes of a response (OpenAI's chat and completions by default; the Responses
+    and Anthropic Messages APIs bring their own): the whole object, and the SSE events."""
+
+    def response(self, results: list[GenerationDelta]) -> dict[str, Any]:
+        """The non-streaming body; results[i] is choice i's whole output as one delta."""
+        ...
+
+    def events(self, index: int, delta: GenerationDelta) -> list[bytes]:
+        """The SSE events for (possibly coalesced) deltas of one choice."""
+        ...
+
+    def closing(self) -> list[bytes]:
+        """The SSE events after every choice has finished."""
+        ...
+
+    def error(self, error: BaseException) -> bytes:
+        """The SSE event that reports a failure mid-stream (the last one)."""
+        ...
+
+
+class ChunkRenderer:
+    """OpenAI's text_completion and chat.completion objects and chunks (ResponseBuilder)."""
+
+    def __init__(self, parsed: ParsedRequest) -> None:
+        self._builder = ResponseBuilder(parsed)
+
+    def response(self, results: list[GenerationDelta]) -> dict[str, Any]:
+        return self._builder.response(results)
+
+    def events(self, index: int, delta: GenerationDelta) -> list[bytes]:
+        return [sse_event(chunk) for chunk in self._builder.chunks(index, delta)]
+
+    def closing(self) -> list[bytes]:
+        usage = [sse_event(self._builder.usage_chunk())] if self._builder.include_usage else []
+        return [*usage, SSE_DONE]
+
+    def error(self, error: BaseException) -> bytes:
+        return sse_event(error_payload(error))
+
+
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -44,7 +87,9 @@ SSE_HEADERS = {
 }
 
 
-async def respond_full(backend: Backend, parsed: ParsedRequest) -> web.Response:
+async def respond_full(
+    backend: Backend, parsed: ParsedRequest, renderer: Renderer | None = None
+) -> web.Response:
     """Waits for every choice to finish; the first error fails the whole request."""
     streams = ChoiceStreams(backend, parsed.requests)
     outputs: list[list[GenerationDelta]] = [[] for _ in parsed.requests]
@@ -58,7 +103,7 @@ async def respond_full(backend: Backend, parsed: ParsedRequest) -> web.Response:
         streams.close()
     with tracing.current_child("deliver"):
         results = [merge_deltas(deltas) for deltas in outputs]
-        return json_response(ResponseBuilder(parsed).response(results))
+        return json_response((renderer or ChunkRenderer(parsed)).response(results))
 
 
 async def respond_stream(
@@ -67,8 +112,10 @@ async def respond_stream(
     backend: Backend,
     parsed: ParsedRequest,
     stalled_client_seconds: float,
+    renderer: Renderer | None = None,
 ) -> web.StreamResponse:
     streams = ChoiceStreams(backend, parsed.requests)
+    renderer = renderer or ChunkRenderer(parsed)
     try:
         first = await streams.first_batch()
         _raise_any_error(first)
@@ -77,7 +124,7 @@ async def respond_stream(
         try:
             with tracing.current_child("deliver"):  # from the first chunk to the last
                 await response.prepare(request)
-                await _write_events(sink, streams, ResponseBuilder(parsed), first, request_id)
+                await _write_events(sink, streams, renderer, first, request_id)
         except ConnectionError:  # aiohttp's ClientConnectionResetError is one
             log.info("request %s: client went away mid-stream; aborting", request_id)
             count_error("cancelled")  # a 200 already: the error middleware cannot see it
@@ -114,7 +161,7 @@ class _Sink:
 async def _write_events(
     response: _Sink,
     streams: ChoiceStreams,
-    builder: ResponseBuilder,
+    renderer: Renderer,
     items: list[Item],
     request_id: str,
 ) -> None:
@@ -123,13 +170,12 @@ async def _write_events(
     chunks instead of a growing backlog of tiny ones."""
     while True:
         merged, error = coalesce(items)
-        events = [sse_event(c) for i, d in merged.items() for c in builder.chunks(i, d)]
+        events = [event for i, d in merged.items() for event in renderer.events(i, d)]
         if error is not None:
-            events.append(sse_event(_stream_error_payload(error, request_id)))
+            _note_stream_error(error, request_id)
+            events.append(renderer.error(error))
         elif streams.finished:
-            if builder.include_usage:
-                events.append(sse_event(builder.usage_chunk()))
-            events.append(SSE_DONE)
+            events.extend(renderer.closing())
         if events:
             await response.write(b"".join(events))
         if error is not None or streams.finished:
@@ -138,10 +184,9 @@ async def _write_events(
         items = await streams.next_batch()
 
 
-def _stream_error_payload(error: BaseException, request_id: str) -> dict:
+def _note_stream_error(error: BaseException, request_id: str) -> None:
     count_error(error_code(error))  # a 200 already: the error middleware cannot see it
     if isinstance(error, LayerserveError):
         log.warning("request %s: failed mid-stream: %s", request_id, error.message)
     else:
         log.error("request %s: failed mid-stream", request_id, exc_info=error)
-    return error_payload(error)

@@ -17,6 +17,7 @@ from services.gateway.http_json import dumps
 from services.gateway.openapi_requests import chat_message, chat_request, completion_request
 from services.gateway.openapi_schemas import response_schemas
 from services.gateway.request_limits import RequestLimits
+from services.gateway.responses_openapi import api_paths, api_schemas
 
 Schema = dict[str, Any]
 
@@ -46,6 +47,7 @@ def openapi_document(limits: RequestLimits) -> Schema:
         "CreateChatCompletionRequest": chat_request(limits),
         "ChatMessage": chat_message(),
         **response_schemas(),
+        **api_schemas(),  # the Responses and Anthropic Messages APIs
     }
     return {
         "openapi": "3.1.0",
@@ -58,7 +60,10 @@ def openapi_document(limits: RequestLimits) -> Schema:
         "security": [{"bearer": []}],
         "paths": _paths(limits),
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
             "schemas": schemas,
             "responses": _error_responses(limits),
         },
@@ -105,6 +110,7 @@ def _paths(limits: RequestLimits) -> Schema:
             }
         },
         "/metrics": {"get": _metrics()},
+        **api_paths(),
     }
 
 
