@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.drain_gate import DrainGate
+from services.common.grammar_pool import grammar_pool
 from services.common.grpc_util import add_port, process_tls
 from services.common.health import Health, service_name
 from services.common.logs import setup_logging
@@ -23,6 +24,7 @@ from services.gateway.lifecycle import Lifecycle
 from services.gateway.listen_socket import listening_sockets
 from services.gateway.prompt_log import PromptLoggingBackend
 from services.gateway.rate_limiter import LocalBuckets, RateLimiter, RedisBuckets
+from services.gateway.responses_store import ResponseStore
 from services.gateway.tokenizer_client import TokenizerBackend
 from services.gateway.usage import UsageLedger
 
@@ -32,6 +34,7 @@ log = logging.getLogger("services.gateway")
 async def main() -> None:
     config = GatewayConfig.from_args()
     setup_logging("gateway")
+    grammar_pool()  # reads its settings now: a bad one stops the start, not a request
     setup_tracing("gateway")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
     front_door = _front_door(config)
     tokenizer = TokenizerBackend(config.tokenizer)
@@ -39,7 +42,13 @@ async def main() -> None:
     if config.log_prompts:
         log.warning("LAYERSERVE_LOG_PROMPTS is on: prompts and completions go to this log")
     lifecycle = Lifecycle(tokenizer.readiness)
-    app = create_app(backend, front_door=front_door, limits=config.limits, lifecycle=lifecycle)
+    app = create_app(
+        backend,
+        front_door=front_door,
+        limits=config.limits,
+        lifecycle=lifecycle,
+        responses=_response_store(config),
+    )
     # handler_cancellation: a client that hangs up cancels its handler, which aborts the
     # request in the backend (non-streaming requests too).
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
@@ -111,6 +120,15 @@ def _front_door(config: GatewayConfig) -> FrontDoor:
         UsageLedger(redis),
         max_inflight=config.max_inflight,
         concurrency=ConcurrencyLimiter(leases, fail_open=fail_open),
+    )
+
+
+def _response_store(config: GatewayConfig) -> ResponseStore:
+    """The Responses API's stored responses: in Redis when the gateway has one."""
+    if not config.redis_url:
+        return ResponseStore()
+    return ResponseStore(
+        Redis.from_url(config.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
     )
 
 

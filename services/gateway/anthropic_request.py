@@ -21,44 +21,44 @@ from services.gateway.log_text import excerpt
 from services.gateway.openai_fields import JsonObject, get_bool, get_str
 from services.gateway.openai_protocol import ParsedRequest, parse_chat_request
 from services.gateway.request_limits import RequestLimits
-from services.gateway.responses_events import item_id
 
 _SHARED_FIELDS = ("model", "temperature", "top_p", "top_k", "stream", "max_tokens")
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
 def parse_messages_request(
-    body: JsonObject, trace_context: dict[str, str] | None, limits: RequestLimits
+    body: JsonObject, request_id: str, trace_context: dict[str, str] | None, limits: RequestLimits
 ) -> tuple[ParsedRequest, MessagesRenderer]:
     if body.get("max_tokens") is None:
         raise InvalidArgument("max_tokens: Field required", param="max_tokens")
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") == "enabled":
         raise InvalidArgument("thinking is not supported by this server", param="thinking")
-    parsed = _parsed(body, _chat_body(body), trace_context, limits)
+    parsed = _parsed(body, _chat_body(body), request_id, trace_context, limits)
     return parsed, MessagesRenderer(parsed.response_id, parsed.model)
 
 
 def parse_count_tokens(
-    body: JsonObject, trace_context: dict[str, str] | None, limits: RequestLimits
+    body: JsonObject, request_id: str, trace_context: dict[str, str] | None, limits: RequestLimits
 ) -> tuple[ParsedRequest, TokenCountRenderer]:
     """Counted by prefilling the prompt and generating one token (whose blocks the prefix
     cache then keeps for the real request)."""
     chat = {**_chat_body(body), "max_tokens": 1, "stream": False, "temperature": 0}
-    return _parsed(body, chat, trace_context, limits), TokenCountRenderer()
+    return _parsed(body, chat, request_id, trace_context, limits), TokenCountRenderer()
 
 
 def _parsed(
     body: JsonObject,
     chat: JsonObject,
+    request_id: str,
     trace_context: dict[str, str] | None,
     limits: RequestLimits,
 ) -> ParsedRequest:
     try:
-        parsed = parse_chat_request(chat, trace_context, limits)
+        parsed = parse_chat_request(chat, trace_context, limits, request_id=request_id)
     except InvalidArgument as err:
         raise _anthropic_param(err) from None
-    parsed.response_id = item_id("msg")
+    parsed.response_id = f"msg_{request_id}"
     for index, request in enumerate(parsed.requests):
         request.request_id = f"{parsed.response_id}-{index}"
     return parsed
@@ -211,7 +211,8 @@ def _string(block: JsonObject, key: str, param: str) -> str:
 def _anthropic_param(error: InvalidArgument) -> InvalidArgument:
     if error.param == "stop":
         error.param = "stop_sequences"
-        error.message = error.message.replace("stop", "stop_sequences", 1)
+        if not error.message.startswith("stop sequences"):  # already says what it is
+            error.message = error.message.replace("stop", "stop_sequences", 1)
     if error.param and ".function.parameters" in error.param:
         error.param = error.param.replace(".function.parameters", ".input_schema")
         error.message = error.message.replace(".function.parameters", ".input_schema")

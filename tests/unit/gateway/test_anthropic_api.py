@@ -1,0 +1,176 @@
+"""The Anthropic Messages API through the official anthropic SDK (create, stream, tools,
+count_tokens, its errors and its x-api-key header) against an in-process gateway and a scripted
+backend."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import anthropic
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from services.gateway.backend import ToolCall
+from services.gateway.http_app import create_app
+from tests.unit.gateway.conftest import API_KEY, front_door
+from tests.unit.gateway.test_responses_api import MODEL, ScriptedBackend
+
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+CALL = ToolCall(id="toolu_1", name="get_weather", arguments='{"city": "Paris"}')
+USER = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.fixture
+def scripted() -> ScriptedBackend:
+    return ScriptedBackend()
+
+
+@pytest.fixture
+async def http(scripted: ScriptedBackend) -> AsyncIterator[TestClient]:
+    app = create_app(scripted, front_door=front_door(API_KEY))
+    async with TestClient(TestServer(app)) as client:
+        yield client
+
+
+def sdk_for(http: TestClient, key: str = API_KEY) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=str(http.make_url("")), api_key=key, max_retries=0)
+
+
+@pytest.fixture
+async def sdk(http: TestClient) -> AsyncIterator[anthropic.AsyncAnthropic]:
+    async with sdk_for(http) as client:
+        yield client
+
+
+async def test_create_with_system_and_stop_sequences(scripted, sdk) -> None:
+    scripted.scripts = [["Paris", " is nice"]]
+    message = await sdk.messages.create(
+        model=MODEL,
+        max_tokens=20,
+        system="Be brief",
+        stop_sequences=["\n\n"],
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Tell me"}]}],
+    )
+    assert message.type == "message" and message.role == "assistant"
+    assert message.content[0].type == "text" and message.content[0].text == "Paris is nice"
+    assert message.stop_reason == "end_turn"
+    # Anthropic's split: input_tokens leaves out what the prefix cache held.
+    assert message.usage.input_tokens == 5 and message.usage.cache_read_input_tokens == 2
+    assert message.usage.output_tokens == 2
+    asked = scripted.requests[0]
+    assert [(m.role, m.content) for m in asked.messages] == [
+        ("system", "Be brief"),
+        ("user", "Tell me"),
+    ]
+    assert asked.stop == ["\n\n"] and asked.max_tokens == 20
+
+
+async def test_max_tokens_maps_to_its_stop_reason(scripted, sdk) -> None:
+    scripted.finish = "length"
+    message = await sdk.messages.create(model=MODEL, max_tokens=1, messages=USER)
+    assert message.stop_reason == "max_tokens"
+
+
+async def test_stream_sends_anthropics_events(scripted, http, sdk) -> None:
+    scripted.scripts = [["Hello", " there"]]
+    async with sdk.messages.stream(model=MODEL, max_tokens=20, messages=USER) as stream:
+        text = "".join([piece async for piece in stream.text_stream])
+        final = await stream.get_final_message()
+    assert text == "Hello there" and final.content[0].text == "Hello there"
+    assert final.stop_reason == "end_turn"
+    scripted.scripts = [["Hi"]]
+    raw = await http.post(
+        "/v1/messages",
+        json={"model": MODEL, "max_tokens": 5, "messages": USER, "stream": True},
+        headers={"x-api-key": API_KEY},
+    )
+    kinds = [line[7:] for line in (await raw.text()).splitlines() if line.startswith("event: ")]
+    assert kinds == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+
+
+async def test_tool_use_and_its_result(scripted, sdk) -> None:
+    scripted.scripts = [["Checking.", CALL]]
+    message = await sdk.messages.create(
+        model=MODEL,
+        max_tokens=50,
+        messages=USER,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "any"},
+    )
+    assert message.stop_reason == "tool_use"
+    text, tool_use = message.content
+    assert text.text == "Checking." and tool_use.type == "tool_use"
+    assert tool_use.name == "get_weather" and tool_use.input == {"city": "Paris"}
+    asked = scripted.requests[0]
+    assert asked.tool_choice == "required" and json.loads(asked.tools[0].parameters)["required"]
+    await sdk.messages.create(
+        model=MODEL,
+        max_tokens=50,
+        tools=[WEATHER_TOOL],
+        messages=[
+            *USER,
+            {"role": "assistant", "content": [b.model_dump() for b in message.content]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": tool_use.id, "content": "21 C"},
+                    {"type": "text", "text": "And tomorrow?"},
+                ],
+            },
+        ],
+    )
+    history = scripted.requests[1].messages
+    assert [m.role for m in history] == ["user", "assistant", "tool", "user"]
+    assert history[1].tool_calls[0].id == "toolu_1" and history[2].tool_call_id == "toolu_1"
+
+
+async def test_streamed_tool_use_arrives_as_input_json(scripted, sdk) -> None:
+    scripted.scripts = [[CALL]]
+    async with sdk.messages.stream(
+        model=MODEL, max_tokens=50, messages=USER, tools=[WEATHER_TOOL]
+    ) as stream:
+        partial = [e.partial_json async for e in stream if e.type == "input_json"]
+        final = await stream.get_final_message()
+    assert "".join(partial) == CALL.arguments
+    assert final.content[0].input == {"city": "Paris"} and final.stop_reason == "tool_use"
+
+
+async def test_count_tokens(sdk) -> None:
+    counted = await sdk.messages.count_tokens(model=MODEL, messages=USER, system="Be brief")
+    assert counted.input_tokens == 7
+
+
+async def test_errors_take_anthropics_shape(http, sdk) -> None:
+    with pytest.raises(anthropic.NotFoundError) as info:
+        await sdk.messages.create(model="no-such-model", max_tokens=5, messages=USER)
+    assert info.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError) as info:
+        await sdk.messages.create(model=MODEL, max_tokens=5, messages=USER, stop_sequences=[""])
+    assert info.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "stop sequences must not be empty"},
+    }
+    raw = await http.post(
+        "/v1/messages", json={"model": MODEL, "messages": USER}, headers={"x-api-key": API_KEY}
+    )
+    assert raw.status == 400 and "max_tokens" in (await raw.json())["error"]["message"]
+    async with sdk_for(http, "sk-wrong") as wrong:
+        with pytest.raises(anthropic.AuthenticationError) as info:
+            await wrong.messages.create(model=MODEL, max_tokens=5, messages=USER)
+    assert info.value.body["error"]["type"] == "authentication_error"
