@@ -27,6 +27,7 @@ OVERLAYS = ("cpu", "gpu")  # under K8S / "overlays"
 # What the downward API's fields stand for here.
 FIELDS = {"status.podIP": "10.1.2.3", "metadata.name": "the-pod"}
 POD_IP = FIELDS["status.podIP"]
+DNS_TARGET = "dns:///"  # an address naming every replica behind a name (the tokenizer's)
 # What the Secrets the manifests name hold, for parsing (the real ones are never committed:
 # docs/deploy.md tells how to create them). A missing entry fails the test that needs it.
 SAMPLE_SECRETS = {
@@ -203,9 +204,14 @@ def deployments_of_all(objects: list[Obj]) -> list[Obj]:
 
 
 def reaches(objects: list[Obj], address: str, name: str, listen_port: int) -> bool:
-    """Whether HOST:PORT is a Service whose port leads to a `name` pod's `listen_port`."""
-    host, _, port = address.rpartition(":")
+    """Whether HOST:PORT is a Service whose port leads to a `name` pod's `listen_port`; or
+    dns:///HOST:PORT (every replica) a headless Service of those pods, whose name resolves to
+    each pod's IP, dialled on PORT itself: the pods' own port, since no Service port maps it."""
+    every_replica = address.startswith(DNS_TARGET)
+    host, _, port = address.removeprefix(DNS_TARGET).rpartition(":")
     (service,) = find(objects, "Service", host)
+    if every_replica and (service["spec"].get("clusterIP") != "None" or int(port) != listen_port):
+        return False
     (target,) = [p for p in service["spec"]["ports"] if p["port"] == int(port)]
     pods = selected(objects, service["spec"]["selector"])
     assert pods and {component(d) for d in pods} == {name}, address

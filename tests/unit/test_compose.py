@@ -1,7 +1,8 @@
 """`docker compose up` would start a working stack: docker-compose.yml and its CPU variant
 resolve in Docker Compose itself (tests/unit/compose_files.py), every service accepts the
 configuration it is given and finds the others, and the images (docker/Dockerfile*) copy files
-that exist, install as the Makefile does and run modules that exist. No Docker engine needed."""
+that exist, install as the Makefile does (the C++ CPU attention included, built where the
+installed package finds it) and run modules that exist. No Docker engine needed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import importlib.util
 import json
 import re
 import shlex
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -50,6 +55,13 @@ def test_gpu_worker_reserves_one_nvidia_gpu_on_the_cuda_image(gpu) -> None:
     assert worker["deploy"]["resources"]["reservations"]["devices"] == [GPU_RESERVATION]
     assert worker["build"]["dockerfile"] == "docker/Dockerfile.cuda"
     assert service_config(gpu, "worker").device == "cuda"
+
+
+@pytest.mark.parametrize("variant", ["gpu", "cpu"])
+def test_the_worker_computes_in_its_devices_dtype(variant, request) -> None:
+    """auto (dtype_choice.py): bfloat16 on a GPU, float32 on a CPU without bfloat16 dot
+    products; not float32 forced on every device."""
+    assert service_config(request.getfixturevalue(variant), "worker").dtype == "auto"
 
 
 def test_cpu_variant_runs_the_worker_on_the_cpu_image_without_a_gpu(gpu, cpu) -> None:
@@ -186,18 +198,76 @@ def test_images_install_as_the_makefile_does(dockerfile) -> None:
     assert [run for run in runs if "pip install" in run][-1].endswith("pip install .")
 
 
-def _instructions(dockerfile: str, keyword: str) -> list[list[str]]:
-    """The arguments of every `keyword` instruction (continuation lines joined; exec form
-    decoded)."""
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_images_build_the_cpu_attention_into_the_venv_the_runtime_copies(dockerfile) -> None:
+    """As `make install` does, after `pip install .`, in the stage whose venv the runtime
+    stage copies, from a folder where `python -m` runs the installed package: from the source
+    tree it would build into /src/build, which no stage copies, and the worker would not find
+    it (it falls back to torch ops)."""
+    module = _makefile_module("cpu-attention")
+    assert importlib.util.find_spec(module) is not None, module
+    built_in = None
+    for word, rest in _steps(dockerfile):
+        if word == "FROM":
+            stage, workdir, sources_in, installed = rest.split()[-1], "/", set(), False
+        elif word == "WORKDIR":
+            workdir = rest
+        elif word == "COPY" and "services" in shlex.split(rest)[:-1]:
+            sources_in.add(workdir)
+        elif word == "RUN" and rest == "pip install .":
+            installed = True
+        elif word == "RUN" and f"python -m {module}" in rest:
+            assert installed, "built before the project is installed"
+            assert workdir not in sources_in, f"built from the source tree in {workdir}"
+            built_in = stage
+    assert built_in, f"{dockerfile} does not run python -m {module}"
+    assert [f"--from={built_in}", "/opt/venv", "/opt/venv"] in _instructions(dockerfile, "COPY")
+
+
+def test_a_non_editable_install_carries_the_cpu_attention_source(tmp_path: Path) -> None:
+    """What the images' `pip install .` puts in site-packages holds the C++ source, which the
+    extension compiles and keys its build by: without it the worker finds no build."""
+    sources = {p.relative_to(REPO).as_posix() for p in REPO.glob("services/**/csrc/*")}
+    assert sources
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(REPO / "pyproject.toml", project)
+    for name in ("services", "layerserve"):  # what the Dockerfiles copy
+        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+    command = [sys.executable, "-m", "pip", "wheel", str(project), "--no-deps", "--no-index"]
+    command += ["--no-build-isolation", "--quiet", "--wheel-dir", str(tmp_path / "dist")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (wheel,) = (tmp_path / "dist").glob("layerserve-*.whl")
+    assert sources <= set(zipfile.ZipFile(wheel).namelist())
+
+
+def _makefile_module(target: str) -> str:
+    """The module the Makefile's `target` runs (`$(PY) -m MODULE`)."""
+    makefile = (REPO / "Makefile").read_text()
+    found = re.search(rf"^{re.escape(target)}:.*\n\t\$\(PY\) -m (\S+)", makefile, re.MULTILINE)
+    assert found, f"no `$(PY) -m` recipe for {target} in the Makefile"
+    return found[1]
+
+
+def _steps(dockerfile: str) -> list[tuple[str, str]]:
+    """(KEYWORD, arguments) of every instruction in order (continuation lines joined)."""
     text = re.sub(r"\\\n", " ", (REPO / dockerfile).read_text())
-    found = []
+    steps = []
     for line in text.splitlines():
         word, _, rest = line.strip().partition(" ")
-        if word.upper() != keyword:
-            continue
-        rest = rest.strip()
-        found.append(json.loads(rest) if rest.startswith("[") else shlex.split(rest))
-    return found
+        if word and not word.startswith("#"):
+            steps.append((word.upper(), rest.strip()))
+    return steps
+
+
+def _instructions(dockerfile: str, keyword: str) -> list[list[str]]:
+    """The arguments of every `keyword` instruction (exec form decoded)."""
+    return [
+        json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+        for word, rest in _steps(dockerfile)
+        if word == keyword
+    ]
 
 
 def _ignored(path: str, patterns: list[str]) -> bool:

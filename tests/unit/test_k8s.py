@@ -2,8 +2,9 @@
 render with the real kustomize (tests/unit/k8s_manifests.py), every object is valid against
 the Kubernetes API schemas (kubernetes-validate, offline), the images are the ones our
 Dockerfiles build, every service accepts the configuration it is given and finds the others
-through Services that select its pods, probes ask each service's own port, and the
-autoscalers and disruption budgets aim at what exists."""
+through Services that select its pods, probes ask each service's own port, the scheduler runs
+as several replicas that roll and drain one at a time, and the autoscalers and disruption
+budgets aim at what exists."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from services.scheduler.aliases import load_alias_file
 from services.scheduler.scheduler_metrics import SchedulerCollector
 from tests.unit.compose_files import CPU_FILES, GPU_FILES, LAYERSERVE_SERVICES, REPO, resolve
 from tests.unit.k8s_manifests import (
+    DNS_TARGET,
     FIELDS,
     K8S,
     OVERLAYS,
@@ -49,6 +51,8 @@ from tests.unit.k8s_manifests import (
 KUBERNETES_VERSION = "1.33.0"  # the oldest release we claim to run on (docs/deploy.md)
 DOCS = REPO / "docs" / "deploy.md"
 QUEUE_METRIC = "layerserve_num_requests_waiting"  # prometheus-adapter's name for the gauge
+# SERVING whenever the scheduler process runs (until its drain), workers or not.
+SCHEDULER_ADMIN = service_name(admin_pb2, "Admin")
 # The grpc.health.v1 service names each process reports ("" = the whole server).
 HEALTH_SERVICES = {
     "scheduler": {
@@ -161,6 +165,8 @@ def test_every_container_runs_a_module_that_accepts_its_configuration(
         # The scheduler dials the pod's own address, on the port the worker listens on.
         assert worker.advertised_address == f"{POD_IP}:{worker.port}"
         assert worker.admin_key
+        # Not float32 forced on every device: the worker picks the device's dtype.
+        assert worker.dtype == "auto"
     (scheduler,) = [parsed[d["metadata"]["name"]] for d in deployments_of(objects, "scheduler")]
     assert scheduler.workers == () and scheduler.worker_registration
 
@@ -175,18 +181,23 @@ def test_services_find_each_other_through_services_that_select_their_pods(
         component(d): parsed[d["metadata"]["name"]] for d in deployments_of_all(objects)
     }
     scheduler, tokenizer, gateway = (by_component[n] for n in ("scheduler", "tokenizer", "gateway"))
+    # Every scheduler replica, not the one a Service's virtual IP would pick.
+    assert tokenizer.scheduler.startswith(DNS_TARGET)
     assert reaches(objects, tokenizer.scheduler, "scheduler", scheduler.port)
     assert reaches(objects, gateway.tokenizer, "tokenizer", tokenizer.port)
     redis = scheduler.redis_url.removeprefix("redis://").removesuffix("/0")
     assert reaches(objects, redis, "redis", 6379)
     assert scheduler.redis_url == gateway.redis_url
+    (scheduler_pod,) = deployments_of(objects, "scheduler")
+    readiness = only_container(scheduler_pod)["readinessProbe"]["grpc"]
     for deployment in deployments_of(objects, "worker"):
         worker = parsed[deployment["metadata"]["name"]]
-        # Registration goes through a Service that lists the scheduler before it is ready:
-        # it becomes ready only once a worker has registered.
         assert reaches(objects, worker.register_with, "scheduler", scheduler.port)
+        # The Service lists a scheduler that has no worker yet: either it lists replicas that
+        # are not ready, or their readiness does not wait for a worker (else none registers).
         (service,) = find(objects, "Service", worker.register_with.split(":")[0])
-        assert service["spec"].get("publishNotReadyAddresses") is True
+        unready_listed = service["spec"].get("publishNotReadyAddresses") is True
+        assert unready_listed or readiness.get("service") == SCHEDULER_ADMIN
         assert worker.admin_key == scheduler.admin_key  # from the same Secret
 
 
@@ -211,7 +222,8 @@ def test_probes_ask_each_services_own_health(overlay, rendered, configs) -> None
             continue
         # gRPC health (grpc.health.v1) on the service's own port, for a service it reports.
         readiness = container["readinessProbe"]["grpc"]
-        assert readiness == {"port": config.port}, name
+        assert readiness["port"] == config.port, name
+        assert readiness.get("service", "") in HEALTH_SERVICES[name], name
         for kind in ("livenessProbe", "startupProbe"):
             probe = container.get(kind, {}).get("grpc")
             if probe:
@@ -260,7 +272,31 @@ def test_autoscalers_and_disruption_budgets_aim_at_what_exists(overlay, rendered
         matched = selected(objects, pdb["spec"]["selector"]["matchLabels"])
         assert len(matched) == 1, pdb["metadata"]["name"]
         budgeted.add(component(matched[0]))
-    assert {"gateway", "tokenizer", "worker"} <= budgeted
+    assert {"gateway", "tokenizer", "scheduler", "worker"} <= budgeted
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_scheduler_replicas_roll_and_drain_one_at_a_time(overlay, rendered) -> None:
+    """Several schedulers, so that losing one (a rollout, a node drain, a crash) leaves the
+    others serving: a rolling update adds one and removes one at a time, a disruption budget
+    lets a drain take one, and a replica without workers still counts as available."""
+    objects = rendered[overlay]
+    (deployment,) = deployments_of(objects, "scheduler")
+    spec = deployment["spec"]
+    assert spec["replicas"] >= 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1},
+    }
+    (budget,) = find(objects, "PodDisruptionBudget", "scheduler")
+    assert selected(objects, budget["spec"]["selector"]["matchLabels"]) == [deployment]
+    assert budget["spec"]["maxUnavailable"] == 1 and "minAvailable" not in budget["spec"]
+    # A replica that is not ready protects nothing: it never blocks a node drain.
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # Ready without a worker of its own (there may be fewer workers than replicas): the
+    # Admin service, not the whole server's status, which waits for one.
+    readiness = only_container(deployment)["readinessProbe"]["grpc"]
+    assert readiness["service"] == SCHEDULER_ADMIN
 
 
 def test_the_adapter_rule_in_the_docs_serves_the_schedulers_gauge() -> None:
