@@ -26,11 +26,11 @@ def authorization(request: web.Request) -> str | None:
 
 async def _messages(request: web.Request, api: ApiContext) -> web.StreamResponse:
     body = await api.read_body()
-    parsed, renderer = parse_messages_request(body, api.trace_context, api.limits)
+    parsed, renderer = parse_messages_request(body, api.request_id, api.trace_context, api.limits)
     return await api.serve(parsed, renderer)
 
 
 async def _count_tokens(request: web.Request, api: ApiContext) -> web.StreamResponse:
     body = await api.read_body()
-    parsed, renderer = parse_count_tokens(body, api.trace_context, api.limits)
+    parsed, renderer = parse_count_tokens(body, api.request_id, api.trace_context, api.limits)
     return await api.serve(parsed, renderer)

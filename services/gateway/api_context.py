@@ -20,6 +20,7 @@ from services.gateway.request_limits import RequestLimits
 
 @dataclass(frozen=True, slots=True)
 class ApiContext:
+    request_id: str  # minted at the door: the response's id is made from it
     tenant: str  # the caller's API key, by its non-secret id ("" without keys)
     limits: RequestLimits
     trace_context: dict[str, str]  # what the request's choices continue

@@ -60,13 +60,16 @@ from services.gateway.responses_store import ResponseStore
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Parser = Callable[[dict, dict[str, str], RequestLimits], ParsedRequest]
+# (body, trace context, limits, *, request_id): openai_protocol's parse_*_request.
+Parser = Callable[..., ParsedRequest]
 
 BACKEND = web.AppKey("backend", Backend)
 FRONT_DOOR = web.AppKey("front_door", FrontDoor)
 LIMITS = web.AppKey("limits", RequestLimits)
 PROMPT_GUARD = web.AppKey("prompt_guard", PromptGuard)
-REQUEST_ID = web.RequestKey("request_id", str)
+# Minted once, here at the door: the response's id and its choices' ids are made from it.
+OWN_ID = web.RequestKey("own_id", str)
+REQUEST_ID = web.RequestKey("request_id", str)  # the client's X-Request-Id, else ours
 CALLER = web.RequestKey("caller", ApiKey)
 CLIENT_GAVE_ID = web.RequestKey("client_gave_id", bool)
 SPAN = web.RequestKey("span", object)  # the request's span (request_span.py), when traced
@@ -131,7 +134,8 @@ def create_app(
 async def _request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     given = request.headers.get(REQUEST_ID_HEADER, "")
     request[CLIENT_GAVE_ID] = bool(_SAFE_REQUEST_ID.fullmatch(given))
-    request[REQUEST_ID] = given if request[CLIENT_GAVE_ID] else uuid.uuid4().hex
+    request[OWN_ID] = uuid.uuid4().hex
+    request[REQUEST_ID] = given if request[CLIENT_GAVE_ID] else request[OWN_ID]
     return await handler(request)
 
 
@@ -205,7 +209,9 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _generate(request: web.Request, parse: Parser) -> web.StreamResponse:
-    parsed = parse(await _json_body(request), _trace_context(request), request.app[LIMITS])
+    body = await _json_body(request)
+    limits = request.app[LIMITS]
+    parsed = parse(body, _trace_context(request), limits, request_id=request[OWN_ID])
     return await _serve(request, parsed, ChunkRenderer(parsed))
 
 
@@ -214,6 +220,7 @@ def _api(handler: ApiHandler) -> Handler:
 
     async def handle(request: web.Request) -> web.StreamResponse:
         context = ApiContext(
+            request[OWN_ID],
             request[CALLER].tenant,
             request.app[LIMITS],
             _trace_context(request),

@@ -11,7 +11,6 @@ deprecated `functions`, ...) are refused rather than silently ignored. Output co
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -85,7 +84,10 @@ def parse_completion_request(
     body: JsonObject,
     trace_context: dict[str, str] | None = None,
     limits: RequestLimits = DEFAULT_LIMITS,
+    *,
+    request_id: str,
 ) -> ParsedRequest:
+    """request_id: the id the gateway minted for the request (http_app.py)."""
     logprobs = get_int(body, "logprobs", low=0, high=MAX_COMPLETION_LOGPROBS)
     template = _template(body, logprobs, trace_context, limits)
     template.prompt, template.prompt_token_ids = _parse_prompt(body.get("prompt"))
@@ -97,7 +99,7 @@ def parse_completion_request(
     return _parsed(
         body,
         RequestKind.COMPLETION,
-        f"cmpl-{uuid.uuid4().hex}",
+        f"cmpl-{request_id}",
         template,
         limits,
         param,
@@ -109,6 +111,8 @@ def parse_chat_request(
     body: JsonObject,
     trace_context: dict[str, str] | None = None,
     limits: RequestLimits = DEFAULT_LIMITS,
+    *,
+    request_id: str,
 ) -> ParsedRequest:
     template = _template(body, _chat_logprobs(body), trace_context, limits)
     template.messages = parse_messages(body.get("messages"))
@@ -121,7 +125,7 @@ def parse_chat_request(
     if chosen is None:
         param, chosen = "max_tokens", get_int(body, "max_tokens")
     template.max_tokens = chosen or 0
-    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    response_id = f"chatcmpl-{request_id}"
     given = None if chosen is None else param
     return _parsed(body, RequestKind.CHAT, response_id, template, limits, given, None)
 

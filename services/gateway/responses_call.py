@@ -1,6 +1,6 @@
 """One POST /v1/responses: its parsed generation request, its renderer, and its storing.
 
-    call = await parse_responses_call(body, store, tenant, trace_context, limits)
+    call = await parse_responses_call(body, store, request_id, tenant, trace_context, limits)
     ... serve call.parsed with call.renderer, as chat completions are served ...
     await call.keep(store, tenant)  # unless `store: false`, or it did not finish
 
@@ -17,7 +17,7 @@ from services.common.errors import InvalidArgument
 from services.gateway.openai_fields import JsonObject, get_bool, get_object, get_str
 from services.gateway.openai_protocol import ParsedRequest, parse_chat_request
 from services.gateway.request_limits import RequestLimits
-from services.gateway.responses_events import ResponsesRenderer, assistant_turn, item_id
+from services.gateway.responses_events import ResponsesRenderer, assistant_turn
 from services.gateway.responses_request import chat_body, responses_param
 from services.gateway.responses_store import ResponseStore, StoredResponse
 
@@ -43,6 +43,7 @@ class ResponsesCall:
 async def parse_responses_call(
     body: JsonObject,
     store: ResponseStore,
+    request_id: str,
     tenant: str,
     trace_context: dict[str, str] | None,
     limits: RequestLimits,
@@ -51,10 +52,10 @@ async def parse_responses_call(
     history = (await store.get(previous_id, tenant)).messages if previous_id else []
     chat = chat_body(body, history)
     try:
-        parsed = parse_chat_request(chat, trace_context, limits)
+        parsed = parse_chat_request(chat, trace_context, limits, request_id=request_id)
     except InvalidArgument as err:
         raise responses_param(err) from None
-    response_id = item_id("resp")
+    response_id = f"resp_{request_id}"
     parsed.response_id = response_id
     for index, request in enumerate(parsed.requests):
         request.request_id = f"{response_id}-{index}"

@@ -22,7 +22,9 @@ def add_responses_routes(app: web.Application, store: ResponseStore, api: ApiAda
 async def _create(request: web.Request, api: ApiContext) -> web.StreamResponse:
     store = request.app[RESPONSES]
     body = await api.read_body()
-    call = await parse_responses_call(body, store, api.tenant, api.trace_context, api.limits)
+    call = await parse_responses_call(
+        body, store, api.request_id, api.tenant, api.trace_context, api.limits
+    )
     response = await api.serve(call.parsed, call.renderer)
     await call.keep(store, api.tenant)
     return response

@@ -55,7 +55,7 @@ def _http_outcome(fields: dict) -> str | None:
     body = {k: v for k, v in fields.items() if v is not None}
     parse = parse_chat_request if "messages" in body else parse_completion_request
     try:
-        parse(body, None, LIMITS)
+        parse(body, None, LIMITS, request_id="r-1")
     except InvalidArgument as err:
         return err.param or "?"
     return None

@@ -23,7 +23,7 @@ def _chat(**fields: Any) -> dict[str, Any]:
 
 
 def test_completion_defaults_follow_openai() -> None:
-    parsed = parse_completion_request(_completion())
+    parsed = parse_completion_request(_completion(), request_id="r-1")
     (request,) = parsed.requests
     assert parsed.response_id.startswith("cmpl-")
     assert request.request_id == f"{parsed.response_id}-0"
@@ -56,6 +56,7 @@ def test_completion_carries_every_parameter() -> None:
             unknown_field={"x": 1},
         ),
         {"traceparent": "00-abc-def-01"},
+        request_id="r-1",
     )
     (request,) = parsed.requests
     s = request.sampling
@@ -70,17 +71,19 @@ def test_completion_carries_every_parameter() -> None:
 
 @pytest.mark.parametrize("prompt", [[5, 6, 7], [[5, 6, 7]]])
 def test_completion_prompt_as_token_ids(prompt: list[Any]) -> None:
-    (request,) = parse_completion_request(_completion(prompt=prompt)).requests
+    (request,) = parse_completion_request(_completion(prompt=prompt), request_id="r-1").requests
     assert request.prompt is None and request.prompt_token_ids == [5, 6, 7]
 
 
 def test_one_element_prompt_list_is_a_string_prompt() -> None:
-    (request,) = parse_completion_request(_completion(prompt=["hi there"])).requests
+    (request,) = parse_completion_request(
+        _completion(prompt=["hi there"]), request_id="r-1"
+    ).requests
     assert request.prompt == "hi there"
 
 
 def test_n_choices_get_distinct_ids_and_seeds() -> None:
-    parsed = parse_chat_request(_chat(n=3, seed=42))
+    parsed = parse_chat_request(_chat(n=3, seed=42), request_id="r-1")
     ids = [r.request_id for r in parsed.requests]
     seeds = [r.sampling.seed for r in parsed.requests]
     assert ids == [f"{parsed.response_id}-{i}" for i in range(3)]
@@ -91,7 +94,7 @@ def test_n_choices_get_distinct_ids_and_seeds() -> None:
 
 
 def test_n_choices_without_seed_stay_unseeded() -> None:
-    parsed = parse_completion_request(_completion(n=2))
+    parsed = parse_completion_request(_completion(n=2), request_id="r-1")
     assert [r.sampling.seed for r in parsed.requests] == [None, None]
 
 
@@ -106,7 +109,7 @@ def test_chat_messages_and_parts() -> None:
             {"role": "assistant", "content": None},
         ]
     )
-    (request,) = parse_chat_request(body).requests
+    (request,) = parse_chat_request(body, request_id="r-1").requests
     assert [(m.role, m.content) for m in request.messages] == [
         ("system", "be brief"),
         ("user", "a\nb"),
@@ -118,30 +121,35 @@ def test_chat_messages_and_parts() -> None:
 
 
 def test_chat_max_completion_tokens_wins() -> None:
-    (request,) = parse_chat_request(_chat(max_tokens=5, max_completion_tokens=9)).requests
+    (request,) = parse_chat_request(
+        _chat(max_tokens=5, max_completion_tokens=9), request_id="r-1"
+    ).requests
     assert request.max_tokens == 9
 
 
 def test_chat_logprobs_flag_and_count() -> None:
-    (request,) = parse_chat_request(_chat(logprobs=True, top_logprobs=3)).requests
+    (request,) = parse_chat_request(_chat(logprobs=True, top_logprobs=3), request_id="r-1").requests
     assert request.sampling.logprobs == 3
-    (request,) = parse_chat_request(_chat(logprobs=True)).requests
+    (request,) = parse_chat_request(_chat(logprobs=True), request_id="r-1").requests
     assert request.sampling.logprobs == 0
 
 
 def test_vllm_top_k_minus_one_means_off() -> None:
-    (request,) = parse_completion_request(_completion(top_k=-1)).requests
+    (request,) = parse_completion_request(_completion(top_k=-1), request_id="r-1").requests
     assert request.sampling.top_k == 0
 
 
 def test_stream_options_without_stream_are_ignored() -> None:
-    parsed = parse_completion_request(_completion(stream_options={"include_usage": True}))
+    parsed = parse_completion_request(
+        _completion(stream_options={"include_usage": True}), request_id="r-1"
+    )
     assert not parsed.include_usage
 
 
 def test_nulls_mean_defaults() -> None:
     (request,) = parse_chat_request(
-        _chat(temperature=None, max_tokens=None, stop=None, n=None, seed=None, logprobs=None)
+        _chat(temperature=None, max_tokens=None, stop=None, n=None, seed=None, logprobs=None),
+        request_id="r-1",
     ).requests
     assert request.sampling.temperature == 1.0 and request.max_tokens == 1024
 
@@ -192,13 +200,13 @@ def test_nulls_mean_defaults() -> None:
 )
 def test_completion_errors_name_the_field(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidArgument) as info:
-        parse_completion_request(_completion(**fields))
+        parse_completion_request(_completion(**fields), request_id="r-1")
     assert info.value.param == param
 
 
 def test_batched_prompts_are_refused_by_name() -> None:
     with pytest.raises(InvalidArgument, match="batched prompts are not supported"):
-        parse_completion_request(_completion(prompt=["a", "b"]))
+        parse_completion_request(_completion(prompt=["a", "b"]), request_id="r-1")
 
 
 @pytest.mark.parametrize(
@@ -233,7 +241,7 @@ def test_batched_prompts_are_refused_by_name() -> None:
 )
 def test_chat_errors_name_the_field(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidArgument) as info:
-        parse_chat_request(_chat(**fields))
+        parse_chat_request(_chat(**fields), request_id="r-1")
     assert info.value.param == param
 
 

@@ -124,7 +124,7 @@ CHATS = [
 
 def _accepted(parse, body: dict[str, Any]) -> bool:
     try:
-        parse(json.loads(json.dumps(body)))
+        parse(json.loads(json.dumps(body)), request_id="r-1")
     except InvalidArgument:
         return False
     return True

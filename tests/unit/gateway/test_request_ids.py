@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import re
+
+import pytest
 
 from tests.unit.gateway.echo_backend import MODEL
 
 BODY = {"model": MODEL, "prompt": "one two", "max_tokens": 2}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "one two"}]}
 
 
 async def test_a_generated_id_is_the_response_id_and_prefixes_every_choice(client, backend):
@@ -28,3 +32,23 @@ async def test_the_clients_id_is_echoed_and_logged_with_the_response_id(client, 
     assert any(
         "trace-me-42" in r.message and "InvalidArgument" in r.message for r in caplog.records
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "prefix"),
+    [
+        ("/v1/completions", BODY, "cmpl-"),
+        ("/v1/chat/completions", CHAT, "chatcmpl-"),
+        ("/v1/responses", {"model": MODEL, "input": "one two"}, "resp_"),
+        ("/v1/messages", {**CHAT, "max_tokens": 2}, "msg_"),
+    ],
+)
+async def test_every_api_names_its_response_after_the_one_id_minted_at_the_door(
+    client, backend, path, body, prefix
+):
+    response = await client.post(path, json=body)
+    assert response.status == 200, await response.text()
+    response_id = (await response.json())["id"]
+    assert response.headers["X-Request-Id"] == response_id
+    assert re.fullmatch(re.escape(prefix) + "[0-9a-f]{32}", response_id)
+    assert [r.request_id for r in backend.requests] == [f"{response_id}-0"]
