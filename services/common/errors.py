@@ -110,9 +110,10 @@ _BY_NUMBER: dict[int, type[LayerserveError]] = {
 }
 
 
-def error_from_code(code: int, message: str) -> LayerserveError:
-    """The domain error for a google.rpc.Code number (Internal for any other)."""
-    return _BY_NUMBER.get(code, Internal)(message)
+def error_from_code(code: int, message: str, param: str = "") -> LayerserveError:
+    """The domain error for a google.rpc.Code number (Internal for any other); param: the
+    field it is about, as common.v1.Status carries it ("" = none)."""
+    return _BY_NUMBER.get(code, Internal)(message, param=param or None)
 
 
 def code_number(error: LayerserveError) -> int:

@@ -174,7 +174,7 @@ class TokenizerBackend:
                     raise item
                 if item.finish_reason == common_pb2.FINISH_REASON_ERROR:
                     finished = True
-                    outcome = error_from_code(item.error.code, item.error.message)
+                    outcome = error_from_code(item.error.code, item.error.message, item.error.param)
                     raise outcome
                 if item.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
                     outcome = None

@@ -28,6 +28,10 @@ def output_to_proto(output: Output) -> scheduler_pb2.RequestOutput:
         msg.finish_reason = _FINISH[output.finish_reason]
     if output.error is not None:
         msg.error.CopyFrom(
-            common_pb2.Status(code=code_number(output.error), message=output.error.message)
+            common_pb2.Status(
+                code=code_number(output.error),
+                message=output.error.message,
+                param=output.error.param or "",
+            )
         )
     return msg

@@ -122,7 +122,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         except LayerserveError as err:
             del self._outboxes[submit.request_id]
             del self._models[submit.request_id]
-            outbox.put(_error(submit.request_id, err.message, code=code_number(err)))
+            error = _error(submit.request_id, err.message, code=code_number(err))
+            error.error.param = err.param or ""  # admission's errors name the field
+            outbox.put(error)
             self._traces.rejected(submit.request_id, err)
 
     async def GetStats(self, request, context) -> scheduler_pb2.SchedulerStats:

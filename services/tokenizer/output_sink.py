@@ -18,7 +18,7 @@ def error_output(request_id: str, err: LayerserveError) -> GenerateOutput:
     return GenerateOutput(
         request_id=request_id,
         finish_reason=common_pb2.FINISH_REASON_ERROR,
-        error=common_pb2.Status(code=code_number(err), message=err.message),
+        error=common_pb2.Status(code=code_number(err), message=err.message, param=err.param or ""),
     )
 
 

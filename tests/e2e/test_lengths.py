@@ -62,7 +62,10 @@ def test_a_default_is_cut_to_what_fits_and_sent_once(small: Stack) -> None:
     assert exact.status_code == 200, exact.text
     assert exact.json()["usage"]["completion_tokens"] == fitting
     over = post(small, "/v1/chat/completions", chat_body(QUESTION, max_tokens=fitting + 1))
-    assert over.status_code == 400 and "max_tokens" in over.json()["error"]["message"]
+    assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
+    # A prompt the KV cache cannot hold at all: the error names the prompt.
+    too_long = post(small, "/v1/chat/completions", chat_body(QUESTION * 20))
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "prompt"
 
 
 def test_grpc_cuts_its_default_and_refuses_a_max_tokens_that_does_not_fit(small: Stack) -> None:

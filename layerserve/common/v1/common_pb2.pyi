@@ -78,12 +78,14 @@ class TraceContext(_message.Message):
     def __init__(self, carrier: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ("code", "message", "param")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PARAM_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    param: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., param: _Optional[str] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")
