@@ -29,6 +29,7 @@ from services.gateway.api_keys import ApiKey
 from services.gateway.backend import Backend, ChatMessage, GenerationRequest, Tool, ToolCall
 from services.gateway.choice_streams import ChoiceStreams, ClientStalled, coalesce, write_within
 from services.gateway.front_door import FrontDoor
+from services.gateway.grammar_check import check_grammars
 from services.gateway.prompt_guard import PromptGuard
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
 from services.gateway.request_metrics import count_error, error_code
@@ -151,6 +152,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 with tracing.use(span):
                     door = self._door.admit(key, req.model, self._backend, [req])
                     backend = await stack.enter_async_context(door)
+                await check_grammars(req)  # off the event loop
                 await _deliver(context, span, backend, req, self._limits.stalled_client_seconds)
                 request_span.settle(span, getattr(backend, "tally", None))
         except ClientStalled as stalled:

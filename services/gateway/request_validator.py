@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 
 from services.common.errors import InvalidArgument
-from services.common.structured_output import check_structured
 from services.gateway.backend import ChatMessage, GenerationRequest
 from services.gateway.log_text import excerpt
 from services.gateway.request_limits import RequestLimits
@@ -55,10 +54,7 @@ def validate_request(
             param="stop_token_ids",
         )
     check_tools(request)
-    # Compiled here without the model's vocabulary (the tokenizer checks again with it): a
-    # schema llguidance cannot enforce, e.g. one with a keyword it does not implement, is a
-    # 400 naming the field before anything is queued.
-    check_structured(request.sampling.structured, None, request.structured_param)
+    # Whether the grammars compile is grammar_check.py's question, off the event loop.
     request.sampling.validate()
     if max_tokens_param is not None and n * request.max_tokens > limits.max_request_tokens:
         raise InvalidArgument(

@@ -7,6 +7,7 @@ import time
 
 from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.drain_gate import DrainGate
+from services.common.grammar_pool import grammar_pool
 from services.common.grpc_util import add_port, new_server, process_tls
 from services.common.health import Health, service_name
 from services.common.logs import setup_logging
@@ -24,6 +25,7 @@ log = logging.getLogger("services.tokenizer")
 async def main() -> None:
     config = TokenizerConfig.from_args()
     setup_logging("tokenizer")
+    grammar_pool()  # reads its settings now: a bad one stops the start, not a request
     setup_tracing("tokenizer")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
     models = {}
     by_path: dict[str | None, TextModel] = {}  # a tokenizer is immutable: names may share one

@@ -4,15 +4,14 @@ the target model's vocabulary is refused with INVALID_ARGUMENT before anything i
 
 from __future__ import annotations
 
+import itertools
 import threading
 from weakref import WeakKeyDictionary
 
-from llguidance import LLTokenizer
-
 from layerserve.common.v1 import common_pb2
+from services.common.grammar_pool import Vocabulary, grammar_pool
 from services.common.sampling import StructuredOutput
 from services.common.sampling_proto import structured_from_proto
-from services.common.structured_output import check_structured, grammar_tokenizer
 from services.tokenizer.text_model import TextModel
 
 # The client field each kind comes from (OpenAI response_format, vLLM's guided_* extensions),
@@ -25,7 +24,8 @@ PARAMS = {
     "grammar": "guided_grammar",
 }
 
-_tokenizers: WeakKeyDictionary[TextModel, LLTokenizer] = WeakKeyDictionary()
+_vocabularies: WeakKeyDictionary[TextModel, Vocabulary] = WeakKeyDictionary()
+_keys = itertools.count()
 _lock = threading.Lock()
 
 
@@ -36,17 +36,19 @@ def structured_of(sampling: common_pb2.SamplingParams) -> StructuredOutput | Non
 
 
 def check_request_structured(model: TextModel, structured: StructuredOutput) -> None:
-    """Raises InvalidArgument when the constraint does not compile. Blocks ~0.5 s the first
-    time per model (the vocabulary), ~1 ms after: run it in a thread pool."""
+    """Raises InvalidArgument when the constraint is over a limit or does not compile for the
+    model's vocabulary. Checked in a grammar process (grammar_pool.py: a grammar that crashes
+    llguidance costs that process, not this service), which loads the vocabulary the first time
+    (~1 s); ~1 ms after. Blocks up to the grammar time budget: run it in a thread pool."""
     param = PARAMS.get(structured.kind, "structured")
-    check_structured(structured, _grammar_tokenizer(model), param)
+    grammar_pool().check(structured, param, _vocabulary(model))
 
 
-def _grammar_tokenizer(model: TextModel) -> LLTokenizer:
+def _vocabulary(model: TextModel) -> Vocabulary:
     with _lock:
-        found = _tokenizers.get(model)
+        found = _vocabularies.get(model)
         if found is None:
             eos = [model.eos_token_id] if model.eos_token_id is not None else []
-            found = grammar_tokenizer(model.tokenizer.to_str(), eos, model.vocab_size)
-            _tokenizers[model] = found
+            found = Vocabulary(next(_keys), model.tokenizer.to_str, eos, model.vocab_size)
+            _vocabularies[model] = found
         return found

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from layerserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.drain_gate import DrainGate
+from services.common.grammar_pool import grammar_pool
 from services.common.grpc_util import add_port, new_server, process_tls
 from services.common.health import Health, service_name
 from services.common.logs import setup_logging
@@ -110,6 +111,7 @@ def _require_platform(device: str, dtype: str) -> None:
 async def main() -> None:
     config = WorkerConfig.from_args()
     setup_logging("worker")
+    grammar_pool()  # reads its settings now: a bad one stops the start, not a request
     setup_tracing("worker")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
     process_tls()  # a bad LAYERSERVE_TLS_* fails now, not after the model has loaded
     started = time.perf_counter()

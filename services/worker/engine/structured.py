@@ -96,10 +96,16 @@ class GrammarCache:
     def _compile(self, structured: StructuredOutput) -> llguidance.LLMatcher:
         import llguidance
 
+        from services.common.grammar_pool import grammar_pool
         from services.common.structured_output import grammar_text, short_error
 
         try:
+            # Limits and a trial compile in a grammar process first: a grammar that would crash
+            # llguidance or run away costs that process and this request, not the worker.
+            grammar_pool().check(structured, "the output constraint")
             grammar = grammar_text(structured)
+        except InvalidArgument as err:
+            raise GrammarError(err.message) from None
         except ValueError as err:
             raise GrammarError(str(err)) from None
         # Compiling drops the GIL; log_level 0: errors reach the client, not stderr.

@@ -21,11 +21,14 @@ from pydantic import BaseModel
 
 from layerserve.common.v1 import common_pb2
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from services.common.errors import InvalidArgument
 from services.gateway.backend import GenerationDelta, GenerationRequest, ModelCard, ToolCall
+from services.gateway.grammar_check import check_grammars
 from services.gateway.grpc_api import GatewayServicer, public_server, request_from_proto
 from services.gateway.http_app import create_app
 from services.gateway.request_limits import DEFAULT_LIMITS
 from tests.openai_schema import validate
+from tests.unit.common.test_grammar_limits import defs_chain, lark_chain
 from tests.unit.gateway.conftest import API_KEY, front_door
 from tests.unit.gateway.sse import DONE, read_events
 
@@ -296,6 +299,28 @@ async def test_history_with_tool_calls_reaches_the_stack(sdk, scripted) -> None:
             "tools[0].function.parameters",
         ),
         ({"tools": [WEATHER_TOOL, WEATHER_TOOL]}, "tools[1].function.name"),
+        (  # a $defs chain that crashes llguidance (SIGSEGV) without the limits
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": json.loads(defs_chain(1000))},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": json.loads(defs_chain(1000))},
+                    }
+                ]
+            },
+            "tools[0].function.parameters",
+        ),
+        ({"guided_grammar": lark_chain(3000)}, "guided_grammar"),
+        ({"guided_regex": "(a{1000}){1000}"}, "guided_regex"),
         (
             {
                 "tools": [WEATHER_TOOL],
@@ -342,8 +367,16 @@ def test_grpc_requests_take_the_same_fields_and_rules() -> None:
         prompt="hi",
         sampling=common_pb2.SamplingParams(structured=common_pb2.StructuredOutput(regex="[a-")),
     )
-    with pytest.raises(Exception) as info:
-        request_from_proto(bad_regex, "gen-3", {}, DEFAULT_LIMITS)
+    # Whether a grammar compiles is checked off the event loop, once the request is admitted.
+    req = request_from_proto(bad_regex, "gen-3", {}, DEFAULT_LIMITS)
+    with pytest.raises(InvalidArgument) as info:
+        asyncio.run(check_grammars(req))
+    assert info.value.param == "sampling.structured"
+    # A grammar that crashes llguidance is refused by the limits, in a grammar process.
+    bad_regex.sampling.structured.json_schema = defs_chain(1000)
+    req = request_from_proto(bad_regex, "gen-4", {}, DEFAULT_LIMITS)
+    with pytest.raises(InvalidArgument, match="LAYERSERVE_GRAMMAR_MAX_DEPTH") as info:
+        asyncio.run(check_grammars(req))
     assert info.value.param == "sampling.structured"
 
 
