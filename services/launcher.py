@@ -16,9 +16,11 @@ import signal
 import subprocess
 import sys
 import time
+from typing import NoReturn
 
 from services.common.env import PREFIX, env_int, env_str
 from services.common.internal_auth import new_token
+from services.common.settings import SettingError, exit_for_setting
 from services.launcher_supervisor import Supervisor
 from services.stack import Stack, StackConfig
 from services.stack_file import read_stack_file
@@ -26,9 +28,20 @@ from services.stack_file import read_stack_file
 log = logging.getLogger("layerserve")
 
 
+PROG = "python -m services.launcher"
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line and exit status 2, as for every service (settings.py)."""
+
+    def error(self, message: str) -> NoReturn:
+        exit_for_setting(self.prog, message)
+
+
 def parse_args(argv: list[str] | None = None) -> StackConfig:
-    p = argparse.ArgumentParser(
-        prog="python -m services.launcher",
+    """Raises SettingError for a bad LAYERSERVE_* variable; exits 2 for a bad flag."""
+    p = _Parser(
+        prog=PROG,
         description="Start the whole layerserve stack. "
         "`layerserve doctor` checks the GPU, driver, torch and triton without starting it.",
     )
@@ -103,7 +116,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s"
     )
-    config = parse_args(argv)
+    try:
+        config = parse_args(argv)
+    except SettingError as err:
+        exit_for_setting(PROG, err)
     config.env.update(internal_token_env(os.environ))
     stack = Stack(config)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -125,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     except (RuntimeError, TimeoutError) as err:
         log.error("%s; stopping the stack", err)
         stack.stop()
-        sys.exit(1)
+        # A service that refused its settings exits 2 (settings.py): so does the launcher.
+        sys.exit(2 if any(p.returncode == 2 for p in stack.procs.values()) else 1)
     finally:
         stack.stop()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from services.common.settings import SettingError
+
 PREFIX = "LAYERSERVE_"
 
 
@@ -18,7 +20,7 @@ def env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{PREFIX}{name} must be an integer, got {raw!r}") from None
+        raise SettingError(f"{PREFIX}{name} must be an integer, got {raw!r}") from None
 
 
 def env_float(name: str, default: float) -> float:
@@ -28,7 +30,7 @@ def env_float(name: str, default: float) -> float:
     try:
         return float(raw)
     except ValueError:
-        raise ValueError(f"{PREFIX}{name} must be a number, got {raw!r}") from None
+        raise SettingError(f"{PREFIX}{name} must be a number, got {raw!r}") from None
 
 
 def env_list(name: str) -> list[str]:

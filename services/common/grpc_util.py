@@ -15,6 +15,7 @@ from services.common.env import env_float
 from services.common.errors import LayerserveError
 from services.common.grpc_status import grpc_code
 from services.common.internal_auth import InternalAuth
+from services.common.settings import SettingError, exit_for_setting
 from services.common.tls import TlsSettings
 from services.common.token_channel import TokenChannel
 from services.common.token_check import TokenCheck
@@ -30,8 +31,11 @@ MESSAGE_LIMIT = 64 * 1024 * 1024
 # the connection, and its calls end UNAVAILABLE as if the peer had died (a worker's requests
 # fail over, its link reconnects). gRPC core answers pings off the Python thread, so a long
 # model step never looks hung. LAYERSERVE_GRPC_KEEPALIVE_S / _TIMEOUT_S: tests shorten them.
-KEEPALIVE_S = env_float("GRPC_KEEPALIVE_S", 10.0)
-KEEPALIVE_TIMEOUT_S = env_float("GRPC_KEEPALIVE_TIMEOUT_S", 10.0)
+try:  # read at import: a bad value stops the process before it starts (one line, status 2)
+    KEEPALIVE_S = env_float("GRPC_KEEPALIVE_S", 10.0)
+    KEEPALIVE_TIMEOUT_S = env_float("GRPC_KEEPALIVE_TIMEOUT_S", 10.0)
+except SettingError as _err:
+    exit_for_setting("layerserve", _err)
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MESSAGE_LIMIT),
     ("grpc.max_receive_message_length", MESSAGE_LIMIT),

@@ -19,6 +19,7 @@ import grpc
 from services.common.drain_gate import DrainGate
 from services.common.health import Health
 from services.common.internal_auth import InternalAuthError
+from services.common.settings import SettingError, exit_for_setting
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +88,5 @@ def run_service(main: Callable[[], Awaitable[None]]) -> None:
         pass
     except InternalAuthError as err:  # e.g. an internal port beyond loopback, unauthenticated
         raise SystemExit(f"cannot start: {err}") from None
+    except SettingError as err:  # one read after start-up began (e.g. the grammar settings)
+        exit_for_setting("layerserve", err)

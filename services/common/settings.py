@@ -18,10 +18,11 @@ from: its command-line flag, else its LAYERSERVE_* environment variable, else it
 Parsing follows the field's annotation: `str`, `int`, `float`, `bool` (a switch, --x and --no-x
 or --x alone with negatable=False; its variable an integer, 0 = false), `X | None` (an empty
 variable is None; for a number, 0 too: "unset, the default for the device"), and
-`tuple[X, ...]` (a repeatable flag, or a comma-separated variable). A bad flag value is
-argparse's usage error (exit 2); a bad variable is a ValueError naming the variable and the
-flag; a value its check refuses is a ValueError naming the flag (or the variable, for one
-without a flag).
+`tuple[X, ...]` (a repeatable flag, or a comma-separated variable). A bad flag value is one
+line on stderr and exit status 2 (argparse's status, without its usage text); a bad variable,
+or a variable's value its check refuses, is a SettingError naming the variable, the value and
+what is allowed; a flag's value its check refuses is a ValueError naming the flag.
+`config_from_args` turns any of them into one line and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 PREFIX = "LAYERSERVE_"
 
@@ -42,6 +44,41 @@ PREFIX = "LAYERSERVE_"
 Check = Callable[[Any], "str | None"]
 
 _KEY = "layerserve.setting"
+
+
+class SettingError(ValueError):
+    """An operator's bad setting: its message names the variable or flag, the value and what
+    is allowed, and is all the operator sees (exit_for_setting)."""
+
+
+def exit_for_setting(prog: str, error: Exception | str) -> NoReturn:
+    """One line on stderr and exit status 2 (argparse's for a usage error), no traceback."""
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def config_from_args(
+    cls: type, argv: list[str] | None, prog: str, prepare: Callable[[dict], dict] | None = None
+) -> Any:
+    """cls(**read_settings(...)), `prepare` adjusting the values first. Raises SettingError
+    for a bad variable or value (a check across several too), which run_service turns into
+    one line and exit status 2; a bad flag exits so at once."""
+    try:
+        values = read_settings(cls, argv, prog=prog)
+        return cls(**(prepare(values) if prepare else values))
+    except SettingError:
+        raise
+    except ValueError as err:
+        raise SettingError(str(err)) from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse without its usage text on a bad flag: one line, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        exit_for_setting(self.prog, message)
+
+
 _MISSING = object()
 
 
@@ -98,7 +135,7 @@ def read_settings(
     error for a bad flag."""
     fields = _settings_of(cls)
     from_env = {field.name: _from_env(meta, kind) for field, meta, kind in fields}
-    parser = argparse.ArgumentParser(prog=prog)
+    parser = _Parser(prog=prog)
     for field, meta, kind in fields:
         if meta.flag is not None:
             _add_flag(parser, field, meta, kind, from_env[field.name])
@@ -108,6 +145,8 @@ def read_settings(
         value = given.get(field.name)
         if value is None or value == []:
             value = from_env[field.name]
+            if value is not _MISSING:
+                _check_variable(meta, value)
             values[field.name] = field.default if value is _MISSING else value
         elif kind.items:
             values[field.name] = tuple(map(meta.parse or str, value))
@@ -129,6 +168,19 @@ def check_settings(config: Any) -> None:
         problem = meta.check(value)
         if problem:
             raise ValueError(f"{meta.name} {problem}")
+
+
+def _check_variable(meta: Setting, value: Any) -> None:
+    """A value from the environment its check refuses: named by its variable (the flag's check
+    in __post_init__ would name the flag the operator did not set)."""
+    problem = meta.check(value) if meta.check is not None and value is not None else None
+    if problem:
+        also = f" (the variable of {meta.flag})" if meta.flag else ""
+        raise SettingError(f"{PREFIX}{meta.env}={_shown(value)}: {problem}{also}")
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 def positive(value: float) -> str | None:
@@ -194,11 +246,23 @@ def _add_flag(
         options["action"] = "append" if kind.items else "store"
         options["choices"] = meta.choices
         if meta.parse is None and kind.base in (int, float):
-            options["type"] = kind.base  # a bad value: argparse's usage error
+            options["type"] = _number(kind.base)  # a bad value: one line, exit status 2
         # argparse's own metavar is the dest's, which need not match the flag.
         if meta.metavar or not meta.choices:
             options["metavar"] = meta.metavar or meta.flag.lstrip("-").upper().replace("-", "_")
     parser.add_argument(meta.flag, **options)
+
+
+def _number(base: type) -> Callable[[str], Any]:
+    what = "a number" if base is float else "an integer"
+
+    def parse(raw: str) -> Any:
+        try:
+            return base(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {raw!r}") from None
+
+    return parse
 
 
 def _from_env(meta: Setting, kind: _Kind) -> Any:
@@ -229,4 +293,4 @@ def _parse(meta: Setting, kind: _Kind, raw: str) -> Any:
     except ValueError:
         what = "a number" if kind.base is float else "an integer"
         also = f" (the environment's value for {meta.flag})" if meta.flag else ""
-        raise ValueError(f"{PREFIX}{meta.env} must be {what}, got {raw!r}{also}") from None
+        raise SettingError(f"{PREFIX}{meta.env} must be {what}, got {raw!r}{also}") from None

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.service_settings import drain_timeout_setting, metrics_port_setting
-from services.common.settings import at_least, check_settings, positive, read_settings, setting
+from services.common.settings import (
+    at_least,
+    check_settings,
+    config_from_args,
+    positive,
+    setting,
+)
 from services.scheduler.spec_decode import NgramProposer
 
 ROUTING_MODES = ("prefix", "load", "round-robin")
@@ -188,7 +194,10 @@ class SchedulerConfig:
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> SchedulerConfig:
-        values = read_settings(cls, argv, prog="python -m services.scheduler")
-        if not values["workers"] and not values["worker_registration"]:
-            values["workers"] = (DEFAULT_WORKER,)
-        return cls(**values)
+        return config_from_args(cls, argv, "python -m services.scheduler", _default_worker)
+
+
+def _default_worker(values: dict) -> dict:
+    if not values["workers"] and not values["worker_registration"]:
+        values["workers"] = (DEFAULT_WORKER,)
+    return values

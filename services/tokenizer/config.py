@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.service_settings import drain_timeout_setting, metrics_port_setting
-from services.common.settings import check_settings, positive, read_settings, setting
+from services.common.settings import check_settings, config_from_args, positive, setting
 from services.tokenizer.tool_format import TOOL_PARSER_CHOICES
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -69,4 +69,4 @@ class TokenizerConfig:
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> TokenizerConfig:
-        return cls(**read_settings(cls, argv, prog="python -m services.tokenizer"))
+        return config_from_args(cls, argv, "python -m services.tokenizer")

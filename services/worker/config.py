@@ -8,9 +8,9 @@ from services.common.service_settings import drain_timeout_setting, metrics_port
 from services.common.settings import (
     at_least,
     check_settings,
+    config_from_args,
     in_range,
     positive,
-    read_settings,
     setting,
 )
 from services.worker.dtype_choice import DTYPE_CHOICES
@@ -206,7 +206,7 @@ class WorkerConfig:
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> WorkerConfig:
-        return cls(**read_settings(cls, argv, prog="python -m services.worker"))
+        return config_from_args(cls, argv, "python -m services.worker")
 
 
 def _is_host_port(address: str) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from services.common.settings import (
+    SettingError,
     at_least,
     check_settings,
     in_range,
@@ -87,20 +88,24 @@ def test_numbers_parse_and_a_bad_variable_names_itself_and_its_flag(
         Demo.from_args([])
 
 
-def test_a_bad_flag_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_flag_value_is_one_line_and_status_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         Demo.from_args(["--port", "eighty"])
     assert exit_.value.code == 2
-    assert "argument --port: invalid int value: 'eighty'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err == "demo: error: argument --port: must be an integer, got 'eighty'\n"
 
 
-def test_checks_name_the_flag_from_flags_variables_and_direct_construction(
+def test_checks_name_the_flag_or_the_variable_the_value_came_from(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with pytest.raises(ValueError, match=r"^--port must be positive, got 0$"):
         Demo.from_args(["--port", "0"])
     monkeypatch.setenv("LAYERSERVE_DEMO_RATIO", "2")
-    with pytest.raises(ValueError, match=r"^--ratio must be in 0..1, got 2.0$"):
+    with pytest.raises(
+        SettingError,
+        match=r"^LAYERSERVE_DEMO_RATIO=2.0: must be in 0..1, got 2.0 \(the variable of --ratio\)$",
+    ):
         Demo.from_args([])
     with pytest.raises(ValueError, match=r"^--copies must be >= 1, got 0$"):
         Demo(copies=0)
@@ -113,7 +118,9 @@ def test_choices_are_offered_by_the_flag_and_checked_from_the_variable(
     with pytest.raises(SystemExit):
         Demo.from_args(["--mode", "warp"])
     monkeypatch.setenv("LAYERSERVE_DEMO_MODE", "warp")
-    with pytest.raises(ValueError, match=r"^--mode must be one of \('fast', 'slow'\), got 'warp'$"):
+    with pytest.raises(
+        SettingError, match=r"^LAYERSERVE_DEMO_MODE=warp: must be one of \('fast', 'slow'\)"
+    ):
         Demo.from_args([])
 
 

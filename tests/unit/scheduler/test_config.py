@@ -53,7 +53,11 @@ def test_routing_and_prefix_caching(monkeypatch: pytest.MonkeyPatch) -> None:
     assert SchedulerConfig.from_args([]).routing == "load"
     assert SchedulerConfig.from_args(["--routing", "round-robin"]).routing == "round-robin"
     monkeypatch.setenv("LAYERSERVE_ROUTING", "random")
-    with pytest.raises(ValueError, match="^--routing must be one of prefix, load, round-robin$"):
+    with pytest.raises(
+        ValueError,
+        match="^LAYERSERVE_ROUTING=random: must be one of prefix, load, round-robin "
+        r"\(the variable of --routing\)$",
+    ):
         SchedulerConfig.from_args([])
     monkeypatch.delenv("LAYERSERVE_ROUTING")
     monkeypatch.setenv("LAYERSERVE_PREFIX_CACHING", "0")
@@ -70,5 +74,5 @@ def test_async_scheduling_is_by_device_unless_set(monkeypatch: pytest.MonkeyPatc
     assert SchedulerConfig.from_args([]).steps_ahead() is True
     assert SchedulerConfig.from_args(["--async-scheduling", "auto"]).steps_ahead() is None
     monkeypatch.setenv("LAYERSERVE_ASYNC_SCHEDULING", "1")
-    with pytest.raises(ValueError, match="--async-scheduling must be one of"):
+    with pytest.raises(ValueError, match="^LAYERSERVE_ASYNC_SCHEDULING=1: must be one of"):
         SchedulerConfig.from_args([])

@@ -42,7 +42,8 @@ def test_checks(monkeypatch: pytest.MonkeyPatch) -> None:
         WorkerConfig.from_args(["--block-size", "24"])
     monkeypatch.setenv("LAYERSERVE_WORKER_KERNELS", "cuda")
     with pytest.raises(
-        ValueError, match=r"^--kernels must be one of \('auto', 'torch', 'triton'\)"
+        ValueError,
+        match=r"^LAYERSERVE_WORKER_KERNELS=cuda: must be one of \('auto', 'torch', 'triton'\)",
     ):
         WorkerConfig.from_args([])
     monkeypatch.delenv("LAYERSERVE_WORKER_KERNELS")
