@@ -1,4 +1,4 @@
-"""Tokenizer process: `python -m services.tokenizer [--model NAME[=PATH]] [--scheduler ADDR]`."""
+"""Tokenizer process: `python -m services.tokenizer [--model NAME[=PATH]] [--scheduler A,B]`."""
 
 from __future__ import annotations
 
@@ -53,10 +53,10 @@ async def main() -> None:
     address = f"{config.host}:{config.port}"
     add_port(server, address)
     serve_metrics(config.metrics_port, config.host, process_tls())
-    servicer.scheduler_health.start()
+    servicer.start()
     health.start()
     await server.start()
-    log.info("tokenizer serving on %s, scheduler at %s", address, config.scheduler)
+    log.info("tokenizer serving on %s, schedulers at %s", address, config.scheduler)
     await wait_for_shutdown()
     await drain_server(
         server,

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from layerserve.common.v1 import common_pb2
 from layerserve.tokenizer.v1 import tokenizer_pb2
 from services.common.errors import LayerserveError, code_number, error_from_code
-from services.common.mux import MuxClient, Outbox
+from services.common.mux import Outbox
 from services.tokenizer.request_events import NO_LISTENER, RequestListener
 from services.tokenizer.text_stream import TextStream
 from services.tokenizer.tool_parser import ParsedText, ToolCallParser
 
 GenerateOutput = tokenizer_pb2.GenerateOutput
 _UNSPECIFIED = common_pb2.FINISH_REASON_UNSPECIFIED
+
+
+class Aborter(Protocol):
+    """Cancels a request upstream (the scheduler pool: on whichever replica runs it)."""
+
+    def abort(self, request_id: str) -> None: ...
 
 
 def error_output(request_id: str, err: LayerserveError) -> GenerateOutput:
@@ -43,7 +51,7 @@ class OutputSink:
         stream: TextStream,
         outbox: Outbox,
         open_ids: set[str],
-        mux: MuxClient,
+        mux: Aborter,
         events: RequestListener = NO_LISTENER,
         tool_parser: ToolCallParser | None = None,  # None: all text is content
     ) -> None:

@@ -3,9 +3,10 @@
 session code only emits; each listener keeps its own state, by request id.
 
 One request's events, in order: `started`, `prompt_encoded` (once per tokenizer that encodes
-its prompt), `tokenized`, `submitting`, then per output `detokenizing`/`detokenized`, and one
-end: `finished`, `failed` or `aborted` (an abort may also come while it is being tokenized, or
-after it ended).
+its prompt), `tokenized`, `submitting`, then per output `detokenizing`/`detokenized` (and
+`migrated` whenever it moves to another scheduler replica), and one end: `finished`,
+`failed` or `aborted` (an abort may also come while it is being tokenized, or after it
+ended).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class RequestListener:
 
     def submitting(self, request_id: str, submit: Submit) -> None:
         """It goes to the scheduler as `submit`, whose `trace` a listener may fill in."""
+
+    def migrated(self, request_id: str, model: str, reason: str, tokens_done: int) -> None:
+        """Its scheduler replica lost it (`reason`: scheduler_lost, scheduler_unavailable):
+        it was submitted again to another, after the `tokens_done` output tokens sent."""
 
     def detokenizing(self, request_id: str) -> None:
         """An output's ids are about to become text (the first time: its first text)."""
@@ -80,6 +85,10 @@ class RequestEvents(RequestListener):
     def submitting(self, request_id: str, submit: Submit) -> None:
         for listener in self._listeners:
             listener.submitting(request_id, submit)
+
+    def migrated(self, request_id: str, model: str, reason: str, tokens_done: int) -> None:
+        for listener in self._listeners:
+            listener.migrated(request_id, model, reason, tokens_done)
 
     def detokenizing(self, request_id: str) -> None:
         for listener in self._listeners:

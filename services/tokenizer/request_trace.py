@@ -5,7 +5,9 @@ traces. For one request:
   the choice, and the parent of the scheduler's (its context goes out in Submit.trace);
 - `tokenize`: alias resolution, the chat template and encoding, in the thread pool;
 - `detokenize`: from the first token ids back to the last (ids to text, stop strings), with
-  the time actually spent turning ids into text (`layerserve.detokenize.busy_ms`).
+  the time actually spent turning ids into text (`layerserve.detokenize.busy_ms`);
+
+and an event `migrated` on the request's span each time it moves to another scheduler replica.
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ class RequestTracer(RequestListener):
         trace = self._live.get(request_id)
         if trace is not None:  # else the carrier received goes on (Submit.trace as it came)
             submit.trace.CopyFrom(common_pb2.TraceContext(carrier=trace.carrier()))
+
+    def migrated(self, request_id: str, model: str, reason: str, tokens_done: int) -> None:
+        trace = self._live.get(request_id)
+        if trace is not None and trace.span.is_recording():
+            trace.span.add_event(
+                "migrated",
+                {
+                    "layerserve.migration.reason": reason,
+                    "layerserve.migration.tokens_done": tokens_done,
+                },
+            )
 
     def detokenizing(self, request_id: str) -> None:
         trace = self._live.get(request_id)

@@ -1,5 +1,6 @@
 """tokenizer.v1.Tokenizer over gRPC. Text requests in from the gateway, token requests out to
-the scheduler, both multiplexed on one stream per peer; token ids back become text deltas."""
+the scheduler replicas (scheduler_pool.py routes them; migration.py moves them when a replica
+is lost), both multiplexed on one stream per peer; token ids back become text deltas."""
 
 from __future__ import annotations
 
@@ -10,18 +11,15 @@ from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from layerserve.common.v1 import common_pb2
-from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from layerserve.scheduler.v1 import scheduler_pb2
 from layerserve.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.errors import (
     InvalidArgument,
     LayerserveError,
     Unavailable,
 )
-from services.common.grpc_util import call_domain, new_channel
-from services.common.health import service_name
-from services.common.mux import MuxClient, MuxProtocol, Outbox, session_batches
-from services.common.peer_health import PeerHealth
-from services.tokenizer.alias_route import AliasRoute, LengthRoute, WeightedRoute
+from services.common.grpc_util import call_domain
+from services.common.mux import Outbox, session_batches
 from services.tokenizer.chat_request import (
     chat_messages,
     chat_tools,
@@ -29,10 +27,13 @@ from services.tokenizer.chat_request import (
     tool_format_of,
 )
 from services.tokenizer.loader import load_tokenizer
-from services.tokenizer.model_catalog import ModelCatalog, ServedModel, StackView
+from services.tokenizer.migration import DEFAULT_MAX_MIGRATIONS, MigratingSink
+from services.tokenizer.model_catalog import ModelCatalog
 from services.tokenizer.output_sink import OutputSink, error_output
+from services.tokenizer.prefix_lookup import PrefixLookup
 from services.tokenizer.request_events import RequestEvents, RequestListener
 from services.tokenizer.request_trace import RequestTracer
+from services.tokenizer.scheduler_pool import SchedulerPool
 from services.tokenizer.structured_check import check_request_structured, structured_of
 from services.tokenizer.text_model import TextModel
 from services.tokenizer.text_stream import TextStream
@@ -72,53 +73,26 @@ def check_prompt_length(num_tokens: int, limit: int) -> None:
         )
 
 
-def route_from_proto(alias: scheduler_pb2.Alias) -> AliasRoute:
-    if alias.WhichOneof("route") == "weighted":
-        return WeightedRoute([(t.model, t.weight) for t in alias.weighted.targets])
-    return LengthRoute(tuple((t.max_prompt_tokens, t.model) for t in alias.by_prompt_length.tiers))
-
-
-def view_from_proto(response: scheduler_pb2.ListModelsResponse) -> StackView:
-    return StackView(
-        models={m.id: ServedModel(m.id, m.max_model_len, m.path) for m in response.models},
-        aliases={a.name: route_from_proto(a) for a in response.aliases},
-    )
-
-
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     def __init__(
         self,
         models: dict[str, TextModel],
-        scheduler_address: str,
+        schedulers: str,  # --scheduler: HOST:PORT[,...] or dns:///HOST:PORT
         threads: int,
         catalog_ttl: float = 2.0,
         listeners: Iterable[RequestListener] | None = None,  # default: tracing and metrics
         tool_parser: str = "auto",  # --tool-parser: the tool format, or auto per model family
+        redis_url: str = "",  # --redis-url: the schedulers' prefix index ("" = none)
+        max_migrations: int = DEFAULT_MAX_MIGRATIONS,
     ) -> None:
         self._tool_parser = tool_parser
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
         # Loading a tokenizer takes seconds: never in the pool that tokenizes prompts.
         self._load_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-tokenizer")
-        self._channel = new_channel(scheduler_address)
-        self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel)
-        self._mux: MuxClient = MuxClient(
-            MuxProtocol(
-                open_stream=self._scheduler.Session,
-                build_request=lambda submits, aborts: scheduler_pb2.SessionRequest(
-                    submits=submits, aborts=aborts
-                ),
-                outputs_of=lambda response: response.outputs,
-                request_id_of=lambda output: output.request_id,
-                is_final=lambda output: output.finish_reason != _UNSPECIFIED,
-                peer="scheduler",
-            )
-        )
-        self._catalog = ModelCatalog(models, self._fetch_view, self._load, catalog_ttl)
-        self.scheduler_health = PeerHealth(
-            self._channel,
-            service_name(scheduler_pb2, "Scheduler"),
-            f"the scheduler at {scheduler_address}",
-        )
+        prefix = PrefixLookup(redis_url) if redis_url else None
+        self._schedulers = SchedulerPool(schedulers, prefix=prefix)
+        self._max_migrations = max_migrations
+        self._catalog = ModelCatalog(models, self._schedulers.fetch_view, self._load, catalog_ttl)
         self._sessions: set[Outbox[GenerateOutput]] = set()
         self._draining = False
         if listeners is None:
@@ -128,7 +102,11 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     def readiness(self) -> str | None:
         """Why this service cannot serve now (its tokenizers are loaded before it starts),
         or None."""
-        return None if self.scheduler_health.serving else self.scheduler_health.reason
+        return self._schedulers.readiness()
+
+    def start(self) -> None:
+        """Follows the scheduler replicas (health, models, load); call once the loop runs."""
+        self._schedulers.start()
 
     def stop_taking(self) -> None:
         """Drain: refuse new requests; each session ends once its requests have."""
@@ -137,13 +115,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             outbox.wake()
 
     async def close(self) -> None:
-        await self.scheduler_health.stop()
-        await self._mux.close()
-        await self._channel.close()
-
-    async def _fetch_view(self) -> StackView:
-        response = await self._scheduler.ListModels(scheduler_pb2.ListModelsRequest(), timeout=5)
-        return view_from_proto(response)
+        await self._schedulers.close()
 
     async def _load(self, path: str | None) -> TextModel:
         loop = asyncio.get_running_loop()
@@ -238,7 +210,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 asyncio.ensure_future(self._start(request, outbox, open_ids))
 
     def _abort(self, request_id: str) -> None:
-        self._mux.abort(request_id)
+        self._schedulers.abort(request_id)
         self._events.aborted(request_id)
 
     async def _start(self, request, outbox: Outbox, open_ids: set[str]) -> None:
@@ -250,6 +222,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             target, model, prompt_ids = await self._prepare(request)
             check_prompt_length(len(prompt_ids), request.max_prompt_tokens)
             await self._check_structured(model, request.sampling)
+            link = await self._schedulers.choose(target, prompt_ids)
         except LayerserveError as err:
             self._fail(request_id, err, err, outbox, open_ids)
             return
@@ -279,8 +252,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         events.submitting(request_id, submit)
         tool_format = tool_format_of(self._tool_parser, model)
         tools = tool_call_parser(request.tool_call_parsing, tool_format)
-        sink = OutputSink(request_id, target, stream, outbox, open_ids, self._mux, events, tools)
-        self._mux.submit(request_id, submit, sink)
+        sink = OutputSink(
+            request_id, target, stream, outbox, open_ids, self._schedulers, events, tools
+        )
+        MigratingSink(submit, sink, self._schedulers, link, events, self._max_migrations).start()
 
     def _fail(
         self,

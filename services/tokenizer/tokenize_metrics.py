@@ -1,4 +1,5 @@
-"""What the tokenizer service measures: how long prompts take to tokenize."""
+"""What the tokenizer service measures: how long prompts take to tokenize, and requests moved
+to another scheduler replica."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ TOKENIZE_TIME = metrics.histogram(
     ("model",),
 )
 
+REQUEST_MIGRATIONS = metrics.counter(
+    "request_migrations_total",
+    "Requests submitted again to another scheduler replica after theirs lost them (reason: "
+    "scheduler_lost, its stream broke; scheduler_unavailable, it answered UNAVAILABLE).",
+    ("model", "reason"),
+)
+
 
 class TokenizeMetrics(RequestListener):
     """The tokenizer's metrics, from its request events."""
@@ -21,3 +29,6 @@ class TokenizeMetrics(RequestListener):
 
     def prompt_encoded(self, model: str, seconds: float) -> None:
         TOKENIZE_TIME.labels(model).observe(seconds)
+
+    def migrated(self, request_id: str, model: str, reason: str, tokens_done: int) -> None:
+        REQUEST_MIGRATIONS.labels(model, reason).inc()

@@ -115,12 +115,13 @@ class WorkerConfig:
         help="decode steps of up to this many sequences replay a captured CUDA graph; "
         "larger ones run eagerly",
     )
-    register_with: str | None = setting(  # a scheduler's HOST:PORT (registration.py)
+    register_with: str | None = setting(  # schedulers' HOST:PORT, home first (registration.py)
         "--register-with",
         env="WORKER_REGISTER_WITH",
-        metavar="HOST:PORT",
-        help="a scheduler to register with once serving (its Admin API; the key comes from "
-        "LAYERSERVE_ADMIN_KEY); deregisters on SIGTERM",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the scheduler to register with once serving (its Admin API; the key comes from "
+        "LAYERSERVE_ADMIN_KEY), or several: the first is home, the others take the worker "
+        "while home does not answer; deregisters on SIGTERM",
     )
     advertise: str | None = setting(  # None: host:port
         "--advertise",
@@ -179,11 +180,11 @@ class WorkerConfig:
         if not self.register_with:
             return
         for flag, value in (
-            ("--register-with", self.register_with),
+            *(("--register-with", s) for s in self.register_with.split(",")),
             ("--advertise", self.advertise),
         ):
             if value is not None and not _is_host_port(value):
-                raise ValueError(f"{flag} is HOST:PORT, got {value!r}")
+                raise ValueError(f"{flag} is HOST:PORT[,HOST:PORT...], got {value!r}")
         if not self.register_heartbeat_s > 0:
             raise ValueError(
                 f"--register-heartbeat-s must be positive, got {self.register_heartbeat_s}"

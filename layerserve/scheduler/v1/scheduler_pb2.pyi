@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Submit(_message.Message):
-    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "max_tokens", "stop_token_ids", "ignore_eos", "priority", "trace", "tenant", "max_tokens_is_cap")
+    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "max_tokens", "stop_token_ids", "ignore_eos", "priority", "trace", "tenant", "max_tokens_is_cap", "resumed_output_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class Submit(_message.Message):
     TRACE_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_IS_CAP_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -31,7 +32,8 @@ class Submit(_message.Message):
     trace: _common_pb2.TraceContext
     tenant: str
     max_tokens_is_cap: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., priority: _Optional[int] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., tenant: _Optional[str] = ..., max_tokens_is_cap: _Optional[bool] = ...) -> None: ...
+    resumed_output_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., priority: _Optional[int] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., tenant: _Optional[str] = ..., max_tokens_is_cap: _Optional[bool] = ..., resumed_output_tokens: _Optional[int] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
     __slots__ = ("submits", "aborts")
@@ -74,7 +76,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("model", "address", "num_blocks", "free_blocks", "running", "waiting", "steps", "preemptions", "prefix_query_tokens", "prefix_hit_tokens", "rejected", "expired")
+    __slots__ = ("model", "address", "num_blocks", "free_blocks", "running", "waiting", "steps", "preemptions", "prefix_query_tokens", "prefix_hit_tokens", "rejected", "expired", "block_size", "model_fingerprint")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +89,8 @@ class WorkerStats(_message.Message):
     PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     model: str
     address: str
     num_blocks: int
@@ -99,7 +103,9 @@ class WorkerStats(_message.Message):
     prefix_hit_tokens: int
     rejected: int
     expired: int
-    def __init__(self, model: _Optional[str] = ..., address: _Optional[str] = ..., num_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., steps: _Optional[int] = ..., preemptions: _Optional[int] = ..., prefix_query_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., rejected: _Optional[int] = ..., expired: _Optional[int] = ...) -> None: ...
+    block_size: int
+    model_fingerprint: str
+    def __init__(self, model: _Optional[str] = ..., address: _Optional[str] = ..., num_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., steps: _Optional[int] = ..., preemptions: _Optional[int] = ..., prefix_query_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., rejected: _Optional[int] = ..., expired: _Optional[int] = ..., block_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ...) -> None: ...
 
 class SchedulerStats(_message.Message):
     __slots__ = ("workers",)

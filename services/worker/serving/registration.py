@@ -1,4 +1,5 @@
-"""A worker that keeps itself known to a scheduler: `--register-with SCHEDULER --advertise ME`.
+"""A worker that keeps itself known to a scheduler: `--register-with SCHEDULER --advertise ME`,
+or `--register-with HOME,FALLBACK,...` with several scheduler replicas.
 
 Where workers come and go (Kubernetes pods, autoscaling), nobody edits the scheduler's
 --worker list: each worker calls the scheduler's Admin API (the key in LAYERSERVE_ADMIN_KEY).
@@ -14,6 +15,14 @@ Where workers come and go (Kubernetes pods, autoscaling), nobody edits the sched
 
 AddWorker is idempotent, so a heartbeat racing another one (or an operator) is harmless. A
 worker the operator drained stays drained: the heartbeat sees it listed and leaves it alone.
+
+With several schedulers the worker is registered with one at a time (a worker takes one
+driving stream): its home, the first listed, while that answers. When the one it is with
+stops answering (killed, its node gone), the next heartbeat registers it with the first other
+that answers, so its model keeps its capacity within a heartbeat or two. While away it asks
+its home at every heartbeat; once the home answers again (restarted), the worker drains
+itself from the fallback (RemoveWorker: the requests running there finish first) and goes
+home, so a restarted scheduler gets its workers back.
 """
 
 from __future__ import annotations
@@ -37,29 +46,43 @@ MAX_BACKOFF_S = 10.0
 CALL_TIMEOUT_S = 10.0
 # What AddWorker may wait for the scheduler to reach this (already serving) worker.
 ADD_TIMEOUT_S = 30.0
+# What a home that answered gets to drain this worker from a fallback before it goes home.
+MOVE_DRAIN_S = 60.0
 # Statuses that retrying will not fix without an operator: said loudly, still retried.
 _MISCONFIGURED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT)
+# Statuses of a scheduler that is gone (or unreachable): time to try another.
+_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class Registration:
-    """Keeps `address` (this worker, as the scheduler should dial it) registered with the
-    scheduler at `scheduler` until deregister()."""
+    """Keeps `address` (this worker, as the scheduler should dial it) registered with one of
+    the schedulers in `schedulers` (HOST:PORT, comma-separated; the first is its home) until
+    deregister()."""
 
     def __init__(
         self,
-        scheduler: str,
+        schedulers: str,
         address: str,
         admin_key: str,
         *,
         heartbeat_s: float = HEARTBEAT_S,
+        move_drain_s: float = MOVE_DRAIN_S,
     ) -> None:
-        self.scheduler = scheduler
+        self.schedulers = [s.strip() for s in schedulers.split(",") if s.strip()]
+        if not self.schedulers:
+            raise ValueError(f"--register-with names no scheduler: {schedulers!r}")
+        self.scheduler = self.schedulers[0]  # the one it is registered with (or tries)
         self.address = address
         self._metadata = (("authorization", f"Bearer {admin_key}"),)
         self._heartbeat_s = heartbeat_s
-        self._channel = new_channel(scheduler)
-        self._admin = admin_pb2_grpc.AdminStub(self._channel)
+        self._move_drain_s = move_drain_s
+        self._channels = {s: new_channel(s) for s in self.schedulers}
+        self._admins = {s: admin_pb2_grpc.AdminStub(c) for s, c in self._channels.items()}
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def _admin(self) -> admin_pb2_grpc.AdminStub:
+        return self._admins[self.scheduler]
 
     def start(self) -> None:
         """Registers in the background and keeps registered; call once the worker serves."""
@@ -85,7 +108,7 @@ class Registration:
                     err.details(),
                 )
         finally:
-            await self._channel.close()
+            await asyncio.gather(*(channel.close() for channel in self._channels.values()))
 
     async def _remove(self, drain_timeout: float) -> None:
         log.info("deregistering %s from the scheduler at %s", self.address, self.scheduler)
@@ -112,8 +135,14 @@ class Registration:
         failing = False
         while True:
             try:
-                if not await self._is_listed():
-                    await self._add(again=registered)
+                await self._go_home_if_back()
+                try:
+                    if not await self._is_listed():
+                        await self._add(again=registered)
+                except grpc.aio.AioRpcError as err:
+                    if len(self.schedulers) == 1 or err.code() not in _GONE:
+                        raise
+                    await self._fail_over(err)
                 registered, failing, backoff = True, False, FIRST_BACKOFF_S
                 delay = self._heartbeat_s
             except grpc.aio.AioRpcError as err:
@@ -124,6 +153,46 @@ class Registration:
                 log.exception("registration check failed; retrying in %.1fs", backoff)
                 delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF_S)
             await asyncio.sleep(delay)
+
+    async def _fail_over(self, err: grpc.aio.AioRpcError) -> None:
+        """Registers with the first other scheduler that answers (home first); raises `err`
+        when none does."""
+        lost = self.scheduler
+        for candidate in [s for s in self.schedulers if s != lost]:
+            self.scheduler = candidate
+            try:
+                if not await self._is_listed():
+                    await self._add(again=False)
+            except grpc.aio.AioRpcError:
+                continue
+            log.warning(
+                "the scheduler at %s is gone (%s); now with the one at %s",
+                lost,
+                err.code().name,
+                candidate,
+            )
+            return
+        self.scheduler = lost
+        raise err
+
+    async def _go_home_if_back(self) -> None:
+        """Away from home while the home answers again: drain from here, then go home."""
+        home = self.schedulers[0]
+        if self.scheduler == home:
+            return
+        try:
+            await self._admins[home].ListWorkers(
+                admin_pb2.ListWorkersRequest(), metadata=self._metadata, timeout=CALL_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError:
+            return  # still away
+        log.info("the home scheduler at %s answers again: moving back to it", home)
+        try:
+            await self._remove(self._move_drain_s)
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in (*_GONE, grpc.StatusCode.NOT_FOUND):
+                raise
+        self.scheduler = home
 
     async def _is_listed(self) -> bool:
         listed = await self._call(self._admin.ListWorkers, admin_pb2.ListWorkersRequest())
