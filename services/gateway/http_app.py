@@ -34,7 +34,6 @@ from services.gateway.api_keys import ApiKey, KeyRing
 from services.gateway.backend import Backend, ModelCard
 from services.gateway.front_door import FrontDoor
 from services.gateway.grammar_check import check_grammars
-from services.gateway.grammar_check import check_grammars
 from services.gateway.http_generation import ChunkRenderer, Renderer, respond_full, respond_stream
 from services.gateway.http_json import (
     error_body,
@@ -252,7 +251,6 @@ async def _serve(
     caller = request[CALLER]
     door = request.app[FRONT_DOOR]
     async with door.admit(caller, parsed.model, request.app[BACKEND], parsed.requests) as backend:
-        await check_grammars(parsed.requests[0])  # the choices share them; off the event loop
         await check_grammars(parsed.requests[0])  # the choices share them; off the event loop
         log.debug(
             "request %s: %s key=%s model=%s n=%d stream=%s",
