@@ -18,6 +18,7 @@ from services.gateway.openai_protocol import (
     MAX_COMPLETION_LOGPROBS,
 )
 from services.gateway.request_limits import RequestLimits
+from services.gateway.request_validator import default_max_tokens
 
 Schema = dict[str, Any]
 
@@ -69,9 +70,15 @@ def _token_ids(max_items: int | None = None) -> Schema:
     return schema
 
 
-def _max_tokens(limits: RequestLimits, default: str) -> Schema:
+def _max_tokens(limits: RequestLimits, preferred: int | None = None) -> Schema:
     cap = limits.max_tokens or INT32_MAX
-    return _int(1, cap, f"Most tokens to generate per choice; default {default}.")
+    default = default_max_tokens(1, limits, preferred)
+    return _int(
+        1,
+        cap,
+        f"Most tokens to generate per choice. Default {default}, fewer when the prompt leaves "
+        "less room in the context; a value given is never cut: a 400 if it does not fit.",
+    )
 
 
 def _shared_properties(limits: RequestLimits) -> dict[str, Schema]:
@@ -223,7 +230,7 @@ def completion_request(limits: RequestLimits) -> Schema:
         "properties": {
             **_shared_properties(limits),
             "prompt": prompt,
-            "max_tokens": _max_tokens(limits, str(DEFAULT_COMPLETION_MAX_TOKENS)),
+            "max_tokens": _max_tokens(limits, DEFAULT_COMPLETION_MAX_TOKENS),
             "logprobs": _int(0, MAX_COMPLETION_LOGPROBS, "Top alternatives per token."),
             "echo": optional({"const": False, "description": "Not supported: only false."}),
             "suffix": _OFF,
@@ -232,7 +239,6 @@ def completion_request(limits: RequestLimits) -> Schema:
 
 
 def chat_request(limits: RequestLimits) -> Schema:
-    default = f"{limits.max_tokens}" if limits.max_tokens else "up to the context length"
     return {
         "type": "object",
         "required": ["model", "messages"],
@@ -243,8 +249,8 @@ def chat_request(limits: RequestLimits) -> Schema:
                 "minItems": 1,
                 "items": {"$ref": "#/components/schemas/ChatMessage"},
             },
-            "max_tokens": _max_tokens(limits, default),
-            "max_completion_tokens": _max_tokens(limits, default),
+            "max_tokens": _max_tokens(limits),
+            "max_completion_tokens": _max_tokens(limits),
             "logprobs": _bool("Return the sampled tokens' logprobs."),
             "top_logprobs": _int(0, MAX_CHAT_TOP_LOGPROBS, "Needs logprobs: true."),
             "add_generation_prompt": _bool("Open the assistant's turn; default true."),

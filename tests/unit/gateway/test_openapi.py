@@ -150,6 +150,23 @@ def test_bounds_follow_the_operators_limits() -> None:
     assert "1000 bytes" in document["components"]["responses"]["PayloadTooLarge"]["description"]
 
 
+def test_the_default_max_tokens_is_documented_as_the_parser_applies_it() -> None:
+    """The default a request without max_tokens gets, within the operator's caps."""
+
+    def described(limits: RequestLimits, schema: str, field: str = "max_tokens") -> str:
+        properties = openapi_document(limits)["components"]["schemas"][schema]["properties"]
+        return json.dumps(properties[field])
+
+    limits = RequestLimits(default_max_tokens=300)
+    chat = described(limits, "CreateChatCompletionRequest")
+    assert "Default 300, fewer when the prompt leaves less room" in chat
+    assert "Default 16," in described(limits, "CreateCompletionRequest")
+    capped = RequestLimits(default_max_tokens=300, max_tokens=200)
+    assert "Default 200," in described(
+        capped, "CreateChatCompletionRequest", "max_completion_tokens"
+    )
+
+
 async def test_served_without_a_key() -> None:
     app = create_app(EchoBackend(), front_door=front_door(API_KEY))
     async with TestClient(TestServer(app)) as client:
