@@ -51,7 +51,16 @@ def parse_args(argv: list[str] | None = None) -> StackConfig:
         "--internal-port-base",
         type=int,
         default=env_int("INTERNAL_PORT_BASE", 50059),
-        help="tokenizer on BASE, scheduler on BASE+1, workers from BASE+2",
+        help="tokenizer on BASE, schedulers from BASE+1, workers after the schedulers",
+    )
+    p.add_argument(
+        "--schedulers",
+        type=int,
+        default=env_int("SCHEDULERS", 1),
+        help="scheduler processes (default 1); each model's workers are spread among them "
+        "(worker j's home is scheduler j mod N), move to another when theirs is gone and come "
+        "back when it returns; the tokenizer routes across them and moves the requests of a "
+        "lost one to another",
     )
     p.add_argument(
         "--config",
@@ -69,16 +78,20 @@ def parse_args(argv: list[str] | None = None) -> StackConfig:
         "--metrics-port-base",
         type=int,
         default=env_int("METRICS_PORT_BASE", 0),
-        help="Prometheus /metrics of the tokenizer on BASE, the scheduler on BASE+1, workers "
-        "from BASE+2 (0: none; the gateway's are always at http-port/metrics)",
+        help="Prometheus /metrics of the tokenizer on BASE, the schedulers from BASE+1, workers "
+        "after them (0: none; the gateway's are always at http-port/metrics)",
     )
     a = p.parse_args(argv)
+    if a.schedulers < 1:
+        p.error(f"--schedulers must be at least 1, got {a.schedulers}")
     base = a.internal_port_base
+    n = a.schedulers
     config = StackConfig(
         http_port=a.http_port,
         grpc_port=a.grpc_port,
         tokenizer_port=base,
         scheduler_port=base + 1,
+        num_schedulers=n,
         null_worker=a.null_worker,
     )
     if a.config:
@@ -96,11 +109,12 @@ def parse_args(argv: list[str] | None = None) -> StackConfig:
         config.model_name = a.model_name or env_str("MODEL_NAME", "smollm2-135m-instruct")
         config.model_path = a.model_path or env_str("MODEL_PATH", "") or None
         num_workers = a.workers or 1
-    config.worker_ports = tuple(base + 2 + i for i in range(num_workers))
+    config.worker_ports = tuple(base + 1 + n + i for i in range(num_workers))
     if a.metrics_port_base:
         metrics = a.metrics_port_base
-        config.metrics_ports = {"tokenizer": metrics, "scheduler": metrics + 1}
-        config.metrics_ports |= {f"worker{i}": metrics + 2 + i for i in range(num_workers)}
+        config.metrics_ports = {"tokenizer": metrics}
+        config.metrics_ports |= {s: metrics + 1 + k for k, s in enumerate(config.scheduler_names())}
+        config.metrics_ports |= {f"worker{i}": metrics + 1 + n + i for i in range(num_workers)}
     return config
 
 

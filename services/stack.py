@@ -1,5 +1,8 @@
 """The whole stack as child processes: start the four services (and a redis-server when
-needed), wait until each is ready, stop them front to back. Used by `make run`
+needed), wait until each is ready, stop them front to back. With num_schedulers > 1, that
+many scheduler processes on consecutive ports: the workers register themselves, worker j of
+each model at scheduler j mod N (its home) with the others as fallbacks, and the tokenizer
+routes across them all. Used by `make run`
 (services/launcher.py), the end-to-end tests and the benchmarks: `Stack(...).start()` /
 `.stop()`.
 """
@@ -26,7 +29,7 @@ from layerserve.tokenizer.v1 import tokenizer_pb2
 from layerserve.worker.v1 import worker_pb2
 from services.common.grpc_util import new_sync_channel
 from services.common.health import service_name
-from services.common.internal_auth import InternalAuth
+from services.common.internal_auth import InternalAuth, new_token
 from services.common.tls import TlsSettings
 from services.stack_file import ModelSpec
 
@@ -42,7 +45,10 @@ class StackConfig:
     http_port: int = 8000
     grpc_port: int = 50051
     tokenizer_port: int = 50059
-    scheduler_port: int = 50060
+    scheduler_port: int = 50060  # the first scheduler's
+    num_schedulers: int = 1
+    # The other schedulers' ports (num_schedulers - 1 of them); empty: those after the first's.
+    other_scheduler_ports: tuple[int, ...] = ()
     worker_ports: tuple[int, ...] = (50061,)  # one per worker, models in order
     model_name: str = "smollm2-135m-instruct"
     model_path: str | None = None
@@ -72,6 +78,27 @@ class StackConfig:
     # every service, as in a container) cannot make them collide.
     metrics_ports: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def scheduler_ports(self) -> tuple[int, ...]:
+        others = self.other_scheduler_ports
+        if not others:
+            others = tuple(self.scheduler_port + k for k in range(1, self.num_schedulers))
+        if len(others) != self.num_schedulers - 1:
+            raise ValueError(f"{self.num_schedulers} schedulers but {len(others) + 1} ports")
+        return (self.scheduler_port, *others)
+
+    def scheduler_names(self) -> list[str]:
+        """Process names: "scheduler" alone, else scheduler0, scheduler1, ..."""
+        if self.num_schedulers == 1:
+            return ["scheduler"]
+        return [f"scheduler{k}" for k in range(self.num_schedulers)]
+
+    def homes(self) -> list[int]:
+        """Each worker's home scheduler (an index), models in order: replica j at j mod N."""
+        return [
+            j % self.num_schedulers for spec in self.model_specs() for j in range(spec.replicas)
+        ]
+
     def model_specs(self) -> tuple[ModelSpec, ...]:
         if self.models:
             return self.models
@@ -79,7 +106,8 @@ class StackConfig:
 
     def metrics_args(self, process: str) -> list[str]:
         """The --metrics-port flag of a tokenizer, scheduler or worker process."""
-        names = {"tokenizer", "scheduler"} | {f"worker{i}" for i in range(len(self.worker_ports))}
+        names = {"tokenizer", *self.scheduler_names()}
+        names |= {f"worker{i}" for i in range(len(self.worker_ports))}
         unknown = set(self.metrics_ports) - names
         if unknown:
             raise ValueError(f"metrics_ports names no such process: {sorted(unknown)}")
@@ -107,6 +135,15 @@ class Stack:
         children_env = {**os.environ, **config.env}
         self.tls = TlsSettings.from_env(children_env)
         self.auth = InternalAuth.from_env(children_env)
+        if config.num_schedulers > 1 and not children_env.get("LAYERSERVE_ADMIN_KEY"):
+            # Workers register themselves through the schedulers' Admin API.
+            config.env["LAYERSERVE_ADMIN_KEY"] = new_token()
+
+    @property
+    def registering(self) -> bool:
+        """Workers register themselves (and move between schedulers) rather than being
+        listed on the scheduler's command line."""
+        return self.config.worker_registration or self.config.num_schedulers > 1
 
     @property
     def http_url(self) -> str:
@@ -116,28 +153,32 @@ class Stack:
     def start(self) -> None:
         c = self.config
         try:
+            homes = c.homes()
             for i, (spec, port) in enumerate(c.placements()):
-                args = [*self._worker_args(spec, port), *c.metrics_args(f"worker{i}")]
+                args = [*self._worker_args(spec, port, homes[i]), *c.metrics_args(f"worker{i}")]
                 self._spawn(f"worker{i}", "services.worker", args)
             workers = [arg for p in c.worker_ports for arg in ("--worker", f"127.0.0.1:{p}")]
-            if c.worker_registration:
+            if self.registering:
                 workers = ["--worker-registration"]
             aliases = ["--aliases", str(c.aliases_file)] if c.aliases_file else []
             redis_url = self._start_redis()
             redis = ["--redis-url", redis_url] if redis_url else []
-            self._spawn(
-                "scheduler",
-                "services.scheduler",
-                [
-                    "--port",
-                    str(c.scheduler_port),
-                    *workers,
-                    *aliases,
-                    *redis,
-                    *c.metrics_args("scheduler"),
-                    *c.scheduler_args,
-                ],
-            )
+            for name, port in zip(c.scheduler_names(), c.scheduler_ports, strict=True):
+                self._spawn(
+                    name,
+                    "services.scheduler",
+                    [
+                        "--port",
+                        str(port),
+                        *workers,
+                        *aliases,
+                        *redis,
+                        *c.metrics_args(name),
+                        *c.scheduler_args,
+                    ],
+                )
+            schedulers = ",".join(f"127.0.0.1:{p}" for p in c.scheduler_ports)
+            prefix_index = redis if c.num_schedulers > 1 else []
             models = [
                 arg
                 for spec in c.model_specs()
@@ -151,7 +192,8 @@ class Stack:
                     str(c.tokenizer_port),
                     *models,
                     "--scheduler",
-                    f"127.0.0.1:{c.scheduler_port}",
+                    schedulers,
+                    *prefix_index,  # routing across schedulers by their workers' caches
                     *c.metrics_args("tokenizer"),
                 ],
             )
@@ -174,15 +216,19 @@ class Stack:
             self.stop()
             raise
 
-    def _worker_args(self, spec: ModelSpec, port: int) -> list[str]:
+    def _worker_args(self, spec: ModelSpec, port: int, home: int) -> list[str]:
         c = self.config
         args = ["--port", str(port), "--model-name", spec.name, *c.worker_args, *spec.worker_args]
         if spec.path:
             args += ["--model-path", spec.path]
         if c.null_worker:
             args.append("--null")
-        if c.worker_registration:
-            args += ["--register-with", f"127.0.0.1:{c.scheduler_port}"]
+        if self.registering:
+            # Home first, then the others in turn: it moves to one while home is away.
+            ports = c.scheduler_ports[home:] + c.scheduler_ports[:home]
+            args += ["--register-with", ",".join(f"127.0.0.1:{p}" for p in ports)]
+            if c.num_schedulers > 1:
+                args += ["--register-heartbeat-s", "1"]  # a lost scheduler's workers move fast
         return args
 
     def _start_redis(self) -> str | None:
@@ -242,7 +288,6 @@ class Stack:
     def _wait_ready(self) -> None:
         c = self.config
         deadline = time.monotonic() + c.ready_timeout
-        names = [spec.name for spec in c.model_specs()]
         tls = self.tls
         # Each service's own readiness (grpc.health.v1, the gateway's /ready); the scheduler
         # is SERVING with one live worker, so it is also asked for every configured model.
@@ -251,14 +296,16 @@ class Stack:
             (f"worker{i}", partial(_serving, port, _WORKER, tls))
             for i, port in enumerate(c.worker_ports)
         ]
+        homes = c.homes()
+        specs = [spec.name for spec in c.model_specs() for _ in range(spec.replicas)]
+        for k, (name, port) in enumerate(zip(c.scheduler_names(), c.scheduler_ports, strict=True)):
+            # A scheduler serves the models of the workers whose home it is (none: it waits
+            # for workers to fall back to it, and is not checked).
+            mine = sorted({m for m, home in zip(specs, homes, strict=True) if home == k})
+            if not mine:
+                continue
+            checks.append((name, partial(_scheduler_serves, port, mine, tls, auth)))
         checks += [
-            (
-                "scheduler",
-                lambda: (
-                    _serving(c.scheduler_port, _SCHEDULER, tls)
-                    and _serves(_scheduler_models(c.scheduler_port, tls, auth), names)
-                ),
-            ),
             ("tokenizer", partial(_serving, c.tokenizer_port, _TOKENIZER, tls)),
             ("gateway", partial(_http_ok, c.http_port, "/ready", tls)),
         ]
@@ -319,9 +366,12 @@ class Stack:
         self._logs.clear()
 
     def _stop_order(self) -> list[list[str]]:
-        front = [[name] for name in ("gateway", "tokenizer", "scheduler") if name in self.procs]
+        front = [["gateway"], ["tokenizer"], self.config.scheduler_names()]
+        front = [[n for n in group if n in self.procs] for group in front]
+        front = [group for group in front if group]
         workers = [name for name in self.procs if name.startswith("worker")]
-        rest = [name for name in self.procs if [name] not in front and name not in workers]
+        ahead = {name for group in front for name in group}
+        rest = [name for name in self.procs if name not in ahead and name not in workers]
         return [*front, workers, rest]
 
 
@@ -332,8 +382,11 @@ def _safe(check) -> bool:
         return False
 
 
-def _serves(models: list[str], names: list[str]) -> bool:
-    return set(names) <= set(models)
+def _scheduler_serves(port: int, names: list[str], tls: TlsSettings, auth: InternalAuth) -> bool:
+    """Whether the scheduler on `port` is SERVING and serves each of `names`."""
+    if not _serving(port, _SCHEDULER, tls):
+        return False
+    return set(names) <= set(_scheduler_models(port, tls, auth))
 
 
 def _scheduler_models(port: int, tls: TlsSettings, auth: InternalAuth) -> list[str]:

@@ -43,6 +43,8 @@ async def main() -> None:
         config.threads,
         config.catalog_ttl,
         tool_parser=config.tool_parser,
+        redis_url=config.redis_url,
+        max_migrations=config.max_migrations,
     )
     tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server)
     # Ready: its tokenizers are loaded (above) and its scheduler is serving.

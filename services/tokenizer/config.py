@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from services.common.service_settings import drain_timeout_setting, metrics_port_setting
 from services.common.settings import check_settings, config_from_args, positive, setting
+from services.tokenizer.migration import DEFAULT_MAX_MIGRATIONS
+from services.tokenizer.scheduler_addresses import parse_schedulers
 from services.tokenizer.tool_format import TOOL_PARSER_CHOICES
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -18,11 +20,41 @@ def _parse_model(spec: str) -> tuple[str, str | None]:
     return name, path or None
 
 
+def _check_schedulers(spec: str) -> str | None:
+    parse_schedulers(spec)  # raises ValueError naming what is wrong
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class TokenizerConfig:
     host: str = setting("--host", env="TOKENIZER_HOST", default="127.0.0.1")
     port: int = setting("--port", env="TOKENIZER_PORT", default=50059)
-    scheduler: str = setting("--scheduler", env="SCHEDULER_ADDRESS", default="127.0.0.1:50060")
+    scheduler: str = setting(
+        "--scheduler",
+        env="SCHEDULER_ADDRESS",
+        default="127.0.0.1:50060",
+        check=_check_schedulers,
+        metavar="HOST:PORT[,...]|dns:///HOST:PORT",
+        help="the scheduler replicas: a comma-separated list, or a DNS name resolving to every "
+        "replica (e.g. a Kubernetes headless Service), looked up again as replicas come and go",
+    )
+    redis_url: str = setting(  # "" = no shared prefix index; may hold a secret
+        "--redis-url",
+        env="REDIS_URL",
+        default="",
+        repr=False,
+        help="the schedulers' Redis prefix-cache index (env LAYERSERVE_REDIS_URL): with several "
+        "scheduler replicas, a request goes to the one whose worker caches its prefix (empty = "
+        "by load alone)",
+    )
+    max_migrations: int = setting(
+        "--max-migrations",
+        env="MAX_MIGRATIONS",
+        default=DEFAULT_MAX_MIGRATIONS,
+        check=lambda n: None if n >= 0 else f"must be >= 0, got {n}",
+        help="times a request may move to another scheduler replica when its own is lost "
+        "mid-stream (0 = never: it ends with UNAVAILABLE)",
+    )
     # (served name, path or None for the default)
     models: tuple[tuple[str, str | None], ...] = setting(
         "--model",
