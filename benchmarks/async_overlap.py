@@ -95,14 +95,14 @@ async def run_once(address: str, host_s: float, async_scheduling: bool) -> Run:
         while engine.scheduler is None:
             await asyncio.sleep(0.01)
         started = time.perf_counter()
-        steps_before = engine.scheduler.num_steps
+        steps_before = engine.scheduler.stats.num_steps
         for i in range(REQUESTS):
             prompt = [100 + (i * 7 + j) % 500 for j in range(PROMPT_TOKENS)]
             options = SamplingOptions()
             engine.submit(Request(f"q{i}", prompt, OUTPUT_TOKENS, options, frozenset()))
         await asyncio.wait_for(finished.wait(), 300)
         wall = time.perf_counter() - started
-        return Run(engine.scheduler.num_steps - steps_before, wall, engine.forward_ns / 1e9)
+        return Run(engine.scheduler.stats.num_steps - steps_before, wall, engine.forward_ns / 1e9)
     finally:
         await engine.stop()
 

@@ -64,14 +64,18 @@ def simulate(
         step = scheduler.schedule()
         computed += step.num_tokens
         peak = max(peak, len(scheduler.running))
-        due = [r for r, _ in step.new] + [r for r, _, _ in step.running]
+        due = [part.request for part in step.requests]
         scheduler.update(
             [Sample(r.request_id, 7) for r in due if r.num_computed_tokens == r.num_tokens]
         )
     assert kv.pool.num_free == num_blocks, "every block must come back"
     useful = num_requests * (context - 1)  # the last sampled token is never computed
     return Outcome(
-        num_blocks, peak, scheduler.num_preemptions, computed - useful, scheduler.num_steps
+        num_blocks,
+        peak,
+        scheduler.stats.num_preemptions,
+        computed - useful,
+        scheduler.stats.num_steps,
     )
 
 

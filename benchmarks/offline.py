@@ -13,6 +13,7 @@ from services.common.sampling import SamplingOptions
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
+from services.scheduler.result_applier import RequestUpdate
 from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
 from services.scheduler.spec_decode import Proposer
 from services.worker.engine.kv_cache import PagedKVCache, kv_cache_groups
@@ -60,26 +61,26 @@ def to_plan(step: ScheduledStep) -> StepPlan:
     return StepPlan(
         new=[
             NewSequence(
-                r.request_id,
-                r.all_token_ids,
-                r.num_prompt_tokens,
-                r.num_computed_tokens - n,
-                n,
-                [list(table) for table in r.block_tables],
-                r.sampling,
+                new.request.request_id,
+                new.request.all_token_ids,
+                new.request.num_prompt_tokens,
+                new.num_cached,
+                new.num_new,
+                [list(table) for table in new.request.block_tables],
+                new.request.sampling,
             )
-            for r, n in step.new
+            for new in step.new
         ],
         running=[
-            RunningSequence(r.request_id, n, blocks, step.drafts.get(r.request_id, []))
-            for r, n, blocks in step.running
+            RunningSequence(r.request.request_id, r.num_new, r.new_blocks, list(r.draft_token_ids))
+            for r in step.running
         ],
         finished_ids=step.finished_ids,
     )
 
 
-# What a caller sees after each step's result is applied: the requests that got a token.
-OnUpdate = Callable[[list[tuple[Request, Sample]]], None]
+# What a caller sees after each step's result is applied: the requests that got tokens.
+OnUpdate = Callable[[list[RequestUpdate]], None]
 
 
 class OfflineEngine:

@@ -50,11 +50,11 @@ def no_hits(args, engines: dict[bool, OfflineEngine]) -> dict:
         for caching in (False, True) if repeat % 2 == 0 else (True, False):
             engine = engines[caching]
             engine.scheduler.kv.drop_cache()
-            before = engine.scheduler.num_prefix_hit_tokens
+            before = engine.scheduler.stats.num_prefix_hit_tokens
             started = time.perf_counter()
             engine.generate(prompts, outs)
             times[caching].append(time.perf_counter() - started)
-            hits += engine.scheduler.num_prefix_hit_tokens - before
+            hits += engine.scheduler.stats.num_prefix_hit_tokens - before
             print(
                 f"    caching {'on ' if caching else 'off'}: {times[caching][-1]:.2f}s", flush=True
             )

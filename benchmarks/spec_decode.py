@@ -164,12 +164,8 @@ def run_once(
 ) -> Run:
     scheduler = engine.scheduler
     scheduler.limits = replace(scheduler.limits, max_num_seqs=batch)
-    spec = scheduler.speculator
-    before = (
-        (spec.num_draft_tokens, spec.num_accepted_tokens, spec.num_spec_steps)
-        if spec
-        else (0, 0, 0)
-    )
+    stats = scheduler.stats
+    before = (stats.num_draft_tokens, stats.num_accepted_tokens, stats.num_spec_steps)
     stop = frozenset(engine.runner.eos_token_ids)
     requests = [
         Request(f"r{i}", list(p), args.max_tokens, _seeded(options, i), stop)
@@ -179,10 +175,9 @@ def run_once(
     engine.run(requests)
     seconds = time.perf_counter() - start
     run = Run(seconds, {r.request_id: r.output_token_ids for r in requests})
-    if spec is not None:
-        run.draft_tokens = spec.num_draft_tokens - before[0]
-        run.accepted_tokens = spec.num_accepted_tokens - before[1]
-        run.spec_steps = spec.num_spec_steps - before[2]
+    run.draft_tokens = stats.num_draft_tokens - before[0]
+    run.accepted_tokens = stats.num_accepted_tokens - before[1]
+    run.spec_steps = stats.num_spec_steps - before[2]
     return run
 
 

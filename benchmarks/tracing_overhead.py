@@ -122,11 +122,12 @@ def _step_loop(hooks: bool, requests: int, tokens: int) -> float:
         step_id += 1
         trace = step_tracer.begin(step, step_id) if step_tracer is not None else None
         step_to_proto(step, step_id, trace.contexts if trace is not None else None)
-        samples = [Sample(r.request_id, 7) for r, _ in step.requests if r.num_output_placeholders]
+        caught_up = [p.request for p in step.requests if p.request.num_output_placeholders]
+        samples = [Sample(r.request_id, 7) for r in caught_up]
         if trace is not None:
             trace.end(StepResult(samples))
         updated = scheduler.update(samples)
-        [output_to_proto(Output.sampled(request, sample)) for request, sample in updated]
+        [output_to_proto(Output.sampled(u.request, *u.samples)) for u in updated]
     return time.perf_counter() - started
 
 

@@ -42,11 +42,12 @@ from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.output import Output
 from services.scheduler.request import Request
 from services.scheduler.request_trace import RequestTracer, RequestTraces
+from services.scheduler.result_applier import RequestUpdate
 from services.scheduler.scheduler import Scheduler, SchedulerLimits
 from services.scheduler.scheduler_events import SchedulerObserver
 from services.scheduler.scheduler_metrics import SchedulerMetrics
 from services.scheduler.spec_decode import Proposer
-from services.scheduler.step import Sample, ScheduledStep, StepRejected, StepResult
+from services.scheduler.step import ScheduledStep, StepRejected, StepResult
 from services.scheduler.step_trace import UNTRACED, StepTrace, StepTracer
 from services.scheduler.worker_info import WorkerInfo
 from services.scheduler.worker_link import StepStream, WorkerLink, failure_reason
@@ -132,9 +133,9 @@ class Engine:
 
     def _update(self, result: StepResult) -> None:
         assert self.scheduler is not None
-        updated = self.scheduler.update(result.samples)
-        if updated:
-            self._emit([_output(request, samples) for request, samples in _by_request(updated)])
+        updates = self.scheduler.update(result.samples)
+        if updates:
+            self._emit([_output(update) for update in updates])
 
     def _expire(self) -> None:
         assert self.scheduler is not None
@@ -268,18 +269,8 @@ class Engine:
         self._emit_errors(failed)
 
 
-def _by_request(updated: list[tuple[Request, Sample]]) -> list[tuple[Request, list[Sample]]]:
+def _output(update: RequestUpdate) -> Output:
     """A request's tokens of one step (several with speculative decoding) in one output."""
-    runs: list[tuple[Request, list[Sample]]] = []
-    for request, sample in updated:
-        if runs and runs[-1][0] is request:
-            runs[-1][1].append(sample)
-        else:
-            runs.append((request, [sample]))
-    return runs
-
-
-def _output(request: Request, samples: list[Sample]) -> Output:
-    if samples[0].error is not None:
-        return Output.failed(request.request_id, samples[0].error)
-    return Output.sampled(request, *samples)
+    if update.error is not None:
+        return Output.failed(update.request.request_id, update.error)
+    return Output.sampled(update.request, *update.samples)

@@ -112,6 +112,24 @@ class Request:
         """Output tokens known or in flight: what max_tokens is checked against ahead."""
         return len(self.output_token_ids) + self.num_output_placeholders
 
+    def preempted(self) -> None:
+        """Its blocks are gone: it waits to be computed again from its first token (a run whose
+        tokens still in flight are dropped on arrival: Scheduled.is_current)."""
+        self.num_computed_tokens = 0
+        self.num_output_placeholders = 0
+        self.spec_token_ids = []
+        self.status = Status.WAITING
+        self.num_preemptions += 1
+
+    def last_token_in_flight(self, max_model_len: int) -> bool:
+        """A step in flight samples its last token (max_tokens or the context length reached
+        by its placeholders): it needs no other step."""
+        if not self.num_output_placeholders:
+            return False
+        if self.num_outputs_coming >= self.max_tokens:
+            return True
+        return self.num_tokens + self.num_output_placeholders >= max_model_len
+
     @property
     def num_tokens_expected_to_compute(self) -> int:
         """num_tokens_to_compute, less the cached prefix the router expects while it has not

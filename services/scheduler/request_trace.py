@@ -183,10 +183,10 @@ class RequestTracer(SchedulerObserver):
             trace.queued(request, self.worker)
 
     def scheduled(self, step: ScheduledStep, now: float) -> None:
-        for request, num_new in step.new:
-            trace = self.traces.get(request.request_id)
+        for new in step.new:
+            trace = self.traces.get(new.request.request_id)
             if trace is not None:
-                trace.started(request.num_computed_tokens - num_new)
+                trace.started(new.num_cached)
 
     def preempted(self, request: Request) -> None:
         trace = self.traces.get(request.request_id)

@@ -1,16 +1,16 @@
 """What the scheduler measures, per model and per worker replica (`worker`: its address).
 
 Read at scrape time from each engine's Scheduler (SchedulerCollector): requests running and
-waiting, KV cache usage, and its counters (prefix cache queries and hits in tokens,
-preemptions, prompt and generation tokens, queue rejections and timeouts, speculative
+waiting, KV cache usage, and its counters (its SchedulerStats: prefix cache queries and hits in
+tokens, preemptions, prompt and generation tokens, queue rejections and timeouts, speculative
 decoding's proposed and accepted tokens: acceptance rate = accepted / draft tokens). The
-counters are
-the Scheduler's own, so they restart from 0 when a worker reconnects (Prometheus' rate()
-takes that as a counter reset). Observed from the Scheduler's events (SchedulerMetrics, a
-SchedulerObserver), once per engine step: the tokens the step computes, and for each request it
-starts for the first time its queue time and how far the router's guess of its cached prefix
-was from the prefix the worker's cache actually served; and for each step that verified a
-request's proposals, the tokens the request got from it (accepted proposals + its own token).
+counters are the Scheduler's own, so they restart from 0 when a worker reconnects
+(Prometheus' rate() takes that as a counter reset). Observed from the Scheduler's events
+(SchedulerMetrics, a SchedulerObserver), once per engine step: the tokens the step computes,
+and for each request it starts for the first time its queue time and how far the router's
+guess of its cached prefix was from the prefix the worker's cache actually served; and for
+each step that verified a request's proposals, the tokens the request got from it (accepted
+proposals + its own token).
 
 Prompt tokens count once a request's prefill is done (its first token sampled), whether it
 came from the cache or not; generation tokens count every sampled token. This is where the
@@ -81,48 +81,48 @@ _COUNTERS: tuple[tuple[str, str, Callable[[Scheduler], float]], ...] = (
     (
         "prefix_cache_queries",
         "Tokens of the requests started or resumed with prefix caching on.",
-        lambda s: s.num_prefix_query_tokens,
+        lambda s: s.stats.num_prefix_query_tokens,
     ),
     (
         "prefix_cache_hits",
         "Of those, the tokens whose KV came from the prefix cache.",
-        lambda s: s.num_prefix_hit_tokens,
+        lambda s: s.stats.num_prefix_hit_tokens,
     ),
     (
         "num_preemptions",
         "Running requests preempted (blocks freed, recomputed later).",
-        lambda s: s.num_preemptions,
+        lambda s: s.stats.num_preemptions,
     ),
     (
         "prompt_tokens",
         "Prompt tokens of requests whose prefill is done.",
-        lambda s: s.num_prompt_tokens,
+        lambda s: s.stats.num_prompt_tokens,
     ),
-    ("generation_tokens", "Tokens sampled.", lambda s: s.num_generation_tokens),
+    ("generation_tokens", "Tokens sampled.", lambda s: s.stats.num_generation_tokens),
     (
         "queue_full_rejections",
         "Requests refused (RESOURCE_EXHAUSTED) because the worker's queue was full.",
-        lambda s: s.num_rejected,
+        lambda s: s.stats.num_rejected,
     ),
     (
         "spec_decode_num_drafts",
         "Speculative decoding: request-steps that carried proposed tokens.",
-        lambda s: s.speculator.num_spec_steps if s.speculator else 0,
+        lambda s: s.stats.num_spec_steps,
     ),
     (
         "spec_decode_num_draft_tokens",
         "Speculative decoding: tokens proposed (and computed) for verification.",
-        lambda s: s.speculator.num_draft_tokens if s.speculator else 0,
+        lambda s: s.stats.num_draft_tokens,
     ),
     (
         "spec_decode_num_accepted_tokens",
         "Speculative decoding: proposed tokens the worker accepted (output for free).",
-        lambda s: s.speculator.num_accepted_tokens if s.speculator else 0,
+        lambda s: s.stats.num_accepted_tokens,
     ),
     (
         "queue_timeouts",
         "Requests ended (DEADLINE_EXCEEDED) after waiting too long to start.",
-        lambda s: s.num_expired,
+        lambda s: s.stats.num_expired,
     ),
 )
 
@@ -182,7 +182,8 @@ def observe_step(model: str, step: ScheduledStep, now: float) -> None:
     """Called once per step sent to the worker, with the scheduler's clock."""
     if step.num_tokens:  # not a step that only tells the worker to forget requests
         ITERATION_TOKENS.labels(model).observe(step.num_tokens)
-    for request, _ in step.new:
+    for new in step.new:
+        request = new.request
         if request.num_preemptions == 0:  # its first start; later ones resume it
             QUEUE_TIME.labels(model).observe(now - request.arrival)
             observe_prediction(model, request)

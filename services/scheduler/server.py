@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator
 
 from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common.errors import LayerserveError, Unavailable, code_number
+from services.common.errors import InvalidArgument, LayerserveError, Unavailable, code_number
 from services.common.max_tokens import MaxTokens
 from services.common.mux import Outbox, session_batches
 from services.common.sampling_proto import sampling_from_proto
 from services.scheduler.alias_proto import alias_to_proto
 from services.scheduler.aliases import AliasTable
+from services.scheduler.open_requests import OpenRequests, Session
 from services.scheduler.output import Output
 from services.scheduler.output_proto import output_to_proto
 from services.scheduler.request_trace import RequestTraces
@@ -36,9 +37,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._router = router
         self._aliases = aliases if aliases is not None else AliasTable()
         self._traces = traces if traces is not None else RequestTraces()
-        self._outboxes: dict[str, Outbox[RequestOutput]] = {}  # request id -> its session's
-        self._models: dict[str, str] = {}  # request id -> the model serving it
-        self._sessions: set[Outbox[RequestOutput]] = set()
+        self._requests = OpenRequests(router)
+        self._sessions: set[Session] = set()
         self._draining = False
 
     def readiness(self) -> str | None:
@@ -54,77 +54,60 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def stop_taking(self) -> None:
         """Drain: refuse new requests; each session ends once its requests have."""
         self._draining = True
-        for outbox in self._sessions:
-            outbox.wake()
+        for session in self._sessions:
+            session.outbox.wake()
 
     def emit(self, outputs: list[Output]) -> None:
         """Called by the engines after each step: route outputs to their sessions."""
         for output in outputs:
-            outbox = self._outboxes.get(output.request_id)
-            if outbox is None:
+            record = self._requests.get(output.request_id)
+            if record is None:
                 continue
             msg = output_to_proto(output)
-            msg.model = self._models.get(output.request_id, "")
-            outbox.put(msg)
+            msg.model = record.model
+            record.session.outbox.put(msg)
             if output.finish_reason is not None:
-                del self._outboxes[output.request_id]
-                self._models.pop(output.request_id, None)
-                self._router.forget(output.request_id)
+                self._requests.close(output.request_id, abort=False)
 
     async def Session(
         self, request_iterator: AsyncIterator[scheduler_pb2.SessionRequest], context
     ) -> AsyncIterator[scheduler_pb2.SessionResponse]:
-        outbox: Outbox[RequestOutput] = Outbox()
-        mine: set[str] = set()
-        reader = asyncio.ensure_future(self._read(request_iterator, outbox, mine))
-        self._sessions.add(outbox)
+        session = Session(Outbox[RequestOutput]())
+        reader = asyncio.ensure_future(self._read(request_iterator, session))
+        self._sessions.add(session)
         try:
             async for batch in session_batches(
-                outbox, reader, lambda: bool(self._open(mine)), lambda: self._draining
+                session.outbox, reader, lambda: bool(session.request_ids), lambda: self._draining
             ):
                 yield scheduler_pb2.SessionResponse(outputs=batch)
         finally:
-            self._sessions.discard(outbox)
+            self._sessions.discard(session)
             reader.cancel()
-            for request_id in self._open(mine):
-                self._outboxes.pop(request_id, None)
-                self._models.pop(request_id, None)
-                self._router.abort(request_id)
+            for request_id in list(session.request_ids):
+                self._requests.close(request_id, abort=True)
 
-    def _open(self, mine: set[str]) -> list[str]:
-        mine.intersection_update(self._outboxes)
-        return list(mine)
-
-    async def _read(self, request_iterator, outbox: Outbox[RequestOutput], mine: set[str]) -> None:
+    async def _read(self, request_iterator, session: Session) -> None:
         async for msg in request_iterator:
             for request_id in msg.aborts:
-                if self._outboxes.pop(request_id, None) is not None:
-                    self._models.pop(request_id, None)
-                    self._router.abort(request_id)
+                self._requests.close(request_id, abort=True)
             for submit in msg.submits:
-                self._submit(submit, outbox, mine)
+                self._submit(submit, session)
 
-    def _submit(self, submit, outbox: Outbox[RequestOutput], mine: set[str]) -> None:
-        if submit.request_id in self._outboxes:
-            outbox.put(_error(submit.request_id, "duplicate request_id", code=3))
+    def _submit(self, submit, session: Session) -> None:
+        if submit.request_id in self._requests:
+            session.outbox.put(_error(submit.request_id, InvalidArgument("duplicate request_id")))
             return
         if self._draining:
-            message = _SHUTTING_DOWN.message
-            outbox.put(_error(submit.request_id, message, code=code_number(_SHUTTING_DOWN)))
+            session.outbox.put(_error(submit.request_id, _SHUTTING_DOWN))
             return
-        self._outboxes[submit.request_id] = outbox
-        self._models[submit.request_id] = submit.model
-        mine.add(submit.request_id)
+        self._requests.open(submit.request_id, session, submit.model)
         submission = submission_from_proto(submit)
         self._traces.start(submission)
         try:
             self._router.submit(submission)
         except LayerserveError as err:
-            del self._outboxes[submit.request_id]
-            del self._models[submit.request_id]
-            error = _error(submit.request_id, err.message, code=code_number(err))
-            error.error.param = err.param or ""  # admission's errors name the field
-            outbox.put(error)
+            self._requests.close(submit.request_id, abort=False)
+            session.outbox.put(_error(submit.request_id, err))
             self._traces.rejected(submit.request_id, err)
 
     async def GetStats(self, request, context) -> scheduler_pb2.SchedulerStats:
@@ -176,9 +159,11 @@ def submission_from_proto(msg: scheduler_pb2.Submit) -> Submission:
     )
 
 
-def _error(request_id: str, message: str, *, code: int) -> RequestOutput:
+def _error(request_id: str, error: LayerserveError) -> RequestOutput:
     return RequestOutput(
         request_id=request_id,
         finish_reason=common_pb2.FINISH_REASON_ERROR,
-        error=common_pb2.Status(code=code, message=message),
+        error=common_pb2.Status(
+            code=code_number(error), message=error.message, param=error.param or ""
+        ),
     )

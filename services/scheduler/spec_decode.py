@@ -68,7 +68,7 @@ class NgramProposer:
 
 class Speculator:
     """The scheduler's use of a Proposer: which decoding request gets how many proposals, and
-    what the worker's verdict does to it; with the counts the metrics read.
+    what the worker's verdict does to it.
 
     Each step (plan()) every decoding request is offered the proposer's guess, and takes as
     much of it as pays for itself given its acceptance so far and what a token costs the step
@@ -94,9 +94,6 @@ class Speculator:
         self.overall = Acceptance()  # every request's verdicts: the prior of a new one
         self._planned: dict[str, list[int]] = {}  # this step's proposals, by request id
         self._timing: tuple[int, float] | None = None  # the step in flight: tokens, sent at
-        self.num_spec_steps = 0  # request-steps that carried proposals
-        self.num_draft_tokens = 0
-        self.num_accepted_tokens = 0
 
     def plan(self, running: list[Request], budget: int) -> None:
         """Decides this step's proposals for the running requests, before they are scheduled
@@ -144,7 +141,7 @@ class Speculator:
     def sent(self, step: ScheduledStep, now: float) -> None:
         """A step leaves: timed if it only decodes (prefill chunks cost per token otherwise)."""
         decoding = not step.new and all(
-            n == 1 + len(step.drafts.get(r.request_id, ())) for r, n, _ in step.running
+            running.num_new == 1 + len(running.draft_token_ids) for running in step.running
         )
         self._timing = (step.num_tokens, now) if decoding else None
 
@@ -166,9 +163,36 @@ class Speculator:
         request.num_spec_steps += 1
         request.num_draft_tokens += num_drafts
         request.num_accepted_tokens += num_accepted
-        self.num_spec_steps += 1
-        self.num_draft_tokens += num_drafts
-        self.num_accepted_tokens += num_accepted
+
+
+class NoSpeculator:
+    """Speculative decoding off (no proposer): every request decodes one token per step. The
+    Scheduler's speculator then, so that it never asks whether it has one."""
+
+    def plan(self, running: list[Request], budget: int) -> None:
+        """Nothing to plan."""
+
+    def propose(self, request: Request, budget: int) -> list[list[int]] | None:
+        """None: the request decodes as usual."""
+        return None
+
+    def sent(self, step: ScheduledStep, now: float) -> None:
+        """No step cost to learn."""
+
+    def done(self, now: float) -> None:
+        """No step cost to learn."""
+
+    def settle(self, request: Request, num_drafts: int, num_accepted: int, kept: int) -> None:
+        """Never called: no request carries proposals."""
+
+
+def speculator_for(
+    proposer: Proposer | None, kv: KVCacheManager, max_model_len: int, adaptive: bool = True
+) -> Speculator | NoSpeculator:
+    """A Speculator using `proposer`; a NoSpeculator without one (speculative decoding off)."""
+    if proposer is None:
+        return NoSpeculator()
+    return Speculator(proposer, kv, max_model_len, adaptive)
 
 
 def _rfind_token_aligned(data: bytes, pattern: bytes, end: int) -> int:

@@ -9,16 +9,33 @@ from services.common.errors import LayerserveError
 from services.scheduler.request import Request, Status
 
 
+@dataclass(frozen=True, slots=True)
+class NewRequest:
+    """A request the step starts (or resumes after a preemption): sent to the worker in full."""
+
+    request: Request
+    num_new: int  # tokens the step computes for it
+    # Its tokens before those, whose KV the prefix cache holds (the worker skips them).
+    num_cached: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunningRequest:
+    """A request the worker already holds: sent as what changed."""
+
+    request: Request
+    num_new: int  # tokens the step computes for it (draft_token_ids included)
+    # The blocks appended to each of its block tables (one per KV cache group, group 0 first).
+    new_blocks: list[list[int]]
+    # Speculative decoding: the proposed tokens the step computes after its known tokens.
+    draft_token_ids: tuple[int, ...] = ()
+
+
 @dataclass(slots=True)
 class ScheduledStep:
-    new: list[tuple[Request, int]] = field(default_factory=list)  # sent in full
-    # As diffs: the request, its tokens to compute, and the blocks appended to each of its
-    # block tables (one list per KV cache group, group 0 first).
-    running: list[tuple[Request, int, list[list[int]]]] = field(default_factory=list)
-    finished_ids: list[str] = field(default_factory=list)
-    # Speculative decoding: by request id, the proposed tokens the step computes after that
-    # running request's known tokens (counted in its tokens to compute).
-    drafts: dict[str, list[int]] = field(default_factory=dict)
+    new: list[NewRequest] = field(default_factory=list)
+    running: list[RunningRequest] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)  # the worker forgets them
 
     @property
     def is_empty(self) -> bool:
@@ -26,12 +43,12 @@ class ScheduledStep:
 
     @property
     def num_tokens(self) -> int:
-        return sum(n for _, n in self.new) + sum(n for _, n, _ in self.running)
+        return sum(part.num_new for part in self.requests)
 
     @property
-    def requests(self) -> list[tuple[Request, int]]:
-        """Every request the step computes tokens for, with how many: new ones first."""
-        return [*self.new, *((r, n) for r, n, _ in self.running)]
+    def requests(self) -> list[NewRequest | RunningRequest]:
+        """Every request the step computes tokens for: new ones first."""
+        return [*self.new, *self.running]
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,9 +79,9 @@ class StepTracer:
         if not tracing.enabled():
             return UNTRACED
         traced = [
-            (request, num_new, trace.span)
-            for request, num_new in step.requests
-            if (trace := self.traces.get(request.request_id)) is not None
+            (part.request, part.num_new, trace.span)
+            for part in step.requests
+            if (trace := self.traces.get(part.request.request_id)) is not None
         ]
         span = tracing.start_span("engine step", {}, links=[s for _, _, s in traced])
         assert span is not None

@@ -25,6 +25,8 @@ class WaitingQueue:
         # priority -> tenant -> that tenant's waiting requests, by arrival
         self._levels: dict[int, dict[str, list[Request]]] = {}
         self._size = 0
+        # Those never started (not preempted ones), in arrival order: for never_started().
+        self._never_started: dict[str, Request] = {}
 
     def __len__(self) -> int:
         return self._size
@@ -41,12 +43,15 @@ class WaitingQueue:
         tenants = self._levels.setdefault(request.priority, {})
         bisect.insort(tenants.setdefault(request.tenant, []), request, key=_arrival)
         self._size += 1
+        if not request.started:
+            self._never_started[request.request_id] = request
 
     def remove(self, request: Request) -> None:
         tenants = self._levels[request.priority]
         queue = tenants[request.tenant]
         queue.remove(request)
         self._size -= 1
+        self._never_started.pop(request.request_id, None)
         if not queue:
             del tenants[request.tenant]
             if not tenants:
@@ -62,3 +67,13 @@ class WaitingQueue:
             key=lambda q: (running_per_tenant.get(q[0].tenant, 0), q[0].arrival),
         )
         return queue[0]
+
+    def never_started(self, arrived_by: float) -> list[Request]:
+        """The requests that arrived at `arrived_by` or earlier and never started, oldest first
+        (preempted ones have started)."""
+        old = []
+        for request in self._never_started.values():
+            if request.arrival > arrived_by:
+                break  # arrival order: the rest are younger
+            old.append(request)
+        return old

@@ -27,26 +27,27 @@ def step_to_proto(
     """contexts: those of the step's spans, which the worker continues (None: not traced here;
     new sequences carry their caller's)."""
     msg = worker_pb2.StepRequest(step_id=step_id, finished_ids=step.finished_ids)
-    for request, num_new in step.new:
+    for new in step.new:
+        request = new.request
         msg.new_sequences.append(
             worker_pb2.NewSequence(
                 request_id=request.request_id,
                 token_ids=request.all_token_ids,
                 num_prompt_tokens=request.num_prompt_tokens,
-                num_computed_tokens=request.num_computed_tokens - num_new,
-                num_new_tokens=num_new,
+                num_computed_tokens=new.num_cached,
+                num_new_tokens=new.num_new,
                 sampling=sampling_to_proto(request.sampling),
                 trace=common_pb2.TraceContext(carrier=request.trace_context),
                 block_tables=_block_tables(request.block_tables),
             )
         )
-    for request, num_new, new_blocks in step.running:
+    for running in step.running:
         msg.running.append(
             worker_pb2.RunningSequence(
-                request_id=request.request_id,
-                num_new_tokens=num_new,
-                new_block_tables=_block_tables(new_blocks),
-                draft_token_ids=step.drafts.get(request.request_id, ()),
+                request_id=running.request.request_id,
+                num_new_tokens=running.num_new,
+                new_block_tables=_block_tables(running.new_blocks),
+                draft_token_ids=running.draft_token_ids,
             )
         )
     if contexts is not None:

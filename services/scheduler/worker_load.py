@@ -4,6 +4,26 @@ GetStats reports. A snapshot: plain numbers, read from the worker's Scheduler on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
+
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.request import Request
+from services.scheduler.scheduler_stats import SchedulerStats
+
+
+class LoadSource(Protocol):
+    """What a WorkerLoad is read from: a worker's Scheduler."""
+
+    kv: KVCacheManager
+    stats: SchedulerStats
+    running: list[Request]
+    requests: dict[str, Request]
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def pending_tokens(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,3 +42,21 @@ class WorkerLoad:
     prefix_hit_tokens: int
     num_rejected: int
     num_expired: int
+
+    @classmethod
+    def of(cls, scheduler: LoadSource) -> WorkerLoad:
+        pool, stats = scheduler.kv.pool, scheduler.stats
+        return cls(
+            num_blocks=pool.num_blocks,
+            free_blocks=pool.num_free,
+            num_running=len(scheduler.running),
+            num_waiting=scheduler.num_waiting,
+            num_requests=len(scheduler.requests),
+            pending_tokens=scheduler.pending_tokens,
+            num_steps=stats.num_steps,
+            num_preemptions=stats.num_preemptions,
+            prefix_query_tokens=stats.num_prefix_query_tokens,
+            prefix_hit_tokens=stats.num_prefix_hit_tokens,
+            num_rejected=stats.num_rejected,
+            num_expired=stats.num_expired,
+        )

@@ -14,8 +14,6 @@ MAX_LINES = 350
 LONG_MODULES: dict[str, str] = {
     "services/stack.py": "the whole local stack for tests and the launcher: one object a "
     "test reads top to bottom (processes, ports, readiness, restart)",
-    "services/scheduler/scheduler.py": "379 lines before speculative decoding (issue 21) added "
-    "~50; to split: applying a step's results (update, stops, finishes) is the missing noun",
     "services/worker/engine/model_runner.py": "349 before speculative decoding (issue 21) added "
     "~30 (its rows and the tensor-parallel hook); to split: create() and the graph helpers",
 }

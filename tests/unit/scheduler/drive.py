@@ -49,6 +49,7 @@ def make_scheduler(
     windows: tuple[int | None, ...] = (None,),
     proposer: Proposer | None = None,
     adaptive_speculation: bool = True,
+    max_model_len: int = 256,
     **limits,
 ) -> Scheduler:
     """windows: the worker's KV cache groups (kv_cache_manager.py); one full group by default.
@@ -57,7 +58,7 @@ def make_scheduler(
     return Scheduler(
         SchedulerLimits(budget, max_seqs, **limits),
         kv,
-        max_model_len=256,
+        max_model_len=max_model_len,
         eos_token_ids=frozenset({EOS}),
         clock=clock or FakeClock(),
         proposer=proposer,
@@ -81,10 +82,17 @@ def make_request(
 
 def finish_step(sched: Scheduler, step: ScheduledStep, token: int = 7) -> list:
     """What the worker answers: `token` for every scheduled request that caught up."""
-    requests = [r for r, _ in step.new] + [r for r, _, _ in step.running]
+    requests = [part.request for part in step.requests]
     return sched.update(
         [Sample(r.request_id, token) for r in requests if r.num_output_placeholders]
     )
+
+
+def drafts(step: ScheduledStep) -> dict[str, list[int]]:
+    """The step's proposals, by request id (requests without any left out)."""
+    return {
+        r.request.request_id: list(r.draft_token_ids) for r in step.running if r.draft_token_ids
+    }
 
 
 def run_step(sched: Scheduler, token: int = 7) -> ScheduledStep:

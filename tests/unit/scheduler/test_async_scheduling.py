@@ -35,12 +35,12 @@ class FakeWorker:
         for request_id in step.finished_ids:
             self.held.pop(request_id, None)
         work = []
-        for request, num_new in step.new:
+        for new in step.new:
+            request = new.request
             assert request.request_id not in self.held
-            start = request.num_computed_tokens - num_new
-            self.held[request.request_id] = _Held(list(request.all_token_ids), start)
-            work.append((request.request_id, num_new))
-        work += [(r.request_id, n) for r, n, _ in step.running]
+            self.held[request.request_id] = _Held(list(request.all_token_ids), new.num_cached)
+            work.append((request.request_id, new.num_new))
+        work += [(r.request.request_id, r.num_new) for r in step.running]
         samples = []
         for request_id, num_new in work:
             seq = self.held[request_id]
@@ -83,9 +83,12 @@ def drive(
         if not in_flight:
             return emitted
         if len(in_flight) == (2 if ahead else 1) or not sent:
-            for request, sample in sched.update(in_flight.popleft()):
+            for update in sched.update(in_flight.popleft()):
+                request = update.request
                 assert request.request_id not in ended, "output after the request's end"
-                emitted.setdefault(request.request_id, []).append(sample.token_id)
+                emitted.setdefault(request.request_id, []).extend(
+                    s.token_id for s in update.samples
+                )
                 if request.finish_reason is not None:
                     ended.add(request.request_id)
             for rid, count in (abort_after or {}).items():
@@ -108,12 +111,12 @@ def test_a_running_request_is_scheduled_again_with_its_token_as_a_placeholder():
     sched.add(request)
     first = sched.schedule()  # the prompt; samples the first token
     second = sched.schedule()  # before that token is back
-    assert first.new == [(request, 4)]
+    assert [(r.request, r.num_new) for r in first.new] == [(request, 4)]
     # The placeholder is token 5: a block of its own, allocated now.
-    assert [(r, n) for r, n, _ in second.running] == [(request, 1)]
-    assert second.running[0][2] == [[request.block_ids[1]]]
+    assert [(r.request, r.num_new) for r in second.running] == [(request, 1)]
+    assert second.running[0].new_blocks == [[request.block_ids[1]]]
     assert request.num_computed_tokens == 5 and request.num_output_placeholders == 2
-    assert [s.request.request_id for s in sched._in_flight[0]] == ["a"]
+    assert [s.request.request_id for s in sched.results._in_flight[0]] == ["a"]
     sched.update([Sample("a", 20)])
     assert request.output_token_ids == [20] and request.num_output_placeholders == 1
     sched.update([Sample("a", 21)])
@@ -127,7 +130,9 @@ def test_a_request_that_ends_in_step_n_is_dropped_from_n_plus_1_and_its_blocks_f
     sched.schedule()
     sched.schedule()  # step n + 1 holds "a" with the block for its 6th token
     updated = sched.update([Sample("a", EOS)])
-    assert [(r.request_id, r.finish_reason) for r, _ in updated] == [("a", FinishReason.STOP)]
+    assert [(u.request.request_id, u.request.finish_reason) for u in updated] == [
+        ("a", FinishReason.STOP)
+    ]
     assert sched.kv.pool.num_free == 8  # the extra token's block too
     assert sched.update([Sample("a", 30)]) == []  # the extra token: dropped here
     assert request.output_token_ids == [EOS]
@@ -143,13 +148,12 @@ def test_max_tokens_reached_by_placeholders_schedules_no_further_step():
     assert sched.schedule().is_empty  # no 3rd: it would only be thrown away
     sched.update([Sample("a", 20)])
     updated = sched.update([Sample("a", 21)])
-    assert updated[0][0].finish_reason is FinishReason.LENGTH
+    assert updated[0].request.finish_reason is FinishReason.LENGTH
     assert request.output_token_ids == [20, 21]
 
 
 def test_the_context_length_reached_by_placeholders_schedules_no_further_step():
-    sched = make_scheduler(num_blocks=80, block_size=4)
-    sched.max_model_len = 6
+    sched = make_scheduler(num_blocks=80, block_size=4, max_model_len=6)
     request = make_request("a", [11, 12, 13, 14, 15], max_tokens=50)
     sched.add(request)
     sched.schedule()  # 5 prompt tokens; the 6th (the last that fits) is sampled
@@ -168,13 +172,13 @@ def test_a_preempted_requests_token_in_flight_is_dropped_and_it_is_recomputed():
     step = sched.schedule()  # both need a 2nd block, 1 is free: the low one yields...
     assert "low" in step.finished_ids and low.num_preemptions == 1
     # ... and starts over in the same step, on the block it gave up: its prompt recomputed.
-    assert [(r.request_id, n) for r, n in step.new] == [("low", 4)]
+    assert [(r.request.request_id, r.num_new) for r in step.new] == [("low", 4)]
     assert low.status is Status.RUNNING and low.num_output_placeholders == 1
     updated = sched.update([Sample("high", 30), Sample("low", 31)])
-    assert [r.request_id for r, _ in updated] == ["high"]  # low's is of its first run: stale
+    assert [u.request.request_id for u in updated] == ["high"]  # low's is of its first run: stale
     assert low.output_token_ids == [] and low.num_output_placeholders == 1
     updated = sched.update([Sample("high", 32), Sample("low", 31)])
-    assert [r.request_id for r, _ in updated] == ["high", "low"]
+    assert [u.request.request_id for u in updated] == ["high", "low"]
     assert low.output_token_ids == [31]
 
 
@@ -211,7 +215,7 @@ def test_one_step_ahead_gives_the_tokens_of_step_by_step(num_blocks, eos_every, 
         emitted = drive(sched, worker, ahead=ahead, abort_after=abort_after)
         assert sched.kv.pool.num_free == num_blocks  # every block came back
         assert worker.held == {}  # and the worker was told to forget every request
-        runs[ahead] = (emitted, [r.output_token_ids for r in requests], sched.num_preemptions)
+        runs[ahead] = (emitted, [r.output_token_ids for r in requests], sched.stats.num_preemptions)
     assert runs[True][:2] == runs[False][:2]
     if num_blocks < 64:
         assert runs[True][2] > 0 and runs[False][2] > 0

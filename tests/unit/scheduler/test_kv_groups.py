@@ -91,7 +91,7 @@ def test_a_preempted_request_past_its_window_returns_every_block_and_resumes():
     assert old.block_tables == [[0, 1, 4], [-1, 3, 5]]  # block 2 went back to the pool
     assert sched.kv.pool.num_free == 1
     step = sched.schedule()  # old's 13th token needs a block per group: new yields its six
-    assert step.finished_ids == ["new"] and sched.num_preemptions == 1
+    assert step.finished_ids == ["new"] and sched.stats.num_preemptions == 1
     assert old.block_tables == [[0, 1, 4, 2], [-1, 3, 5, 10]]
     finish_step(sched, step)
     run_until_idle(sched)
@@ -155,7 +155,8 @@ def test_a_shared_prefix_longer_than_the_window_reuses_only_the_sliding_blocks_i
     assert sched.kv.pool.num_free == 16
     sched.add(make_request("b", PROMPT + [1, 3, 5, 7]))
     step = sched.schedule()
-    ((b, num_new),) = step.new
+    (new,) = step.new
+    b, num_new = new.request, new.num_new
     assert num_new == 4 and b.num_cached_tokens == 24
     # Restarting at token 24, the window reaches back to token 17: blocks 4 and 5.
     assert b.block_tables == [[0, 1, 2, 3, 4, 5, 12], [-1, -1, -1, -1, 10, 11, 13]]
@@ -176,8 +177,9 @@ def test_evicting_the_prefixs_tail_falls_back_to_a_shorter_prefix_with_its_own_w
     pool = sched.kv.pool
     pool.free(pool.allocate(2))  # another request came and went: the tail, 5 and 11, evicted
     sched.add(make_request("b", PROMPT + [1, 3, 5, 7]))
-    ((b, num_new),) = sched.schedule().new
-    assert b.num_cached_tokens == 20 and num_new == 8
+    (new,) = sched.schedule().new
+    assert new.request.num_cached_tokens == 20 and new.num_new == 8
+    b = new.request
     # Restarting at token 20 reads from token 13 on: sliding blocks 3 and 4 (ids 9 and 10).
     assert b.block_tables == [[0, 1, 2, 3, 4, 5, 11], [-1, -1, -1, 9, 10, 8, 7]]
 
@@ -284,7 +286,7 @@ def test_a_request_of_the_admitted_length_runs_alone_to_completion(window, chunk
     request = make_request("a", list(range(100, 100 + capacity - 8)), max_tokens=8)
     sched.add(request)
     run_until_idle(sched)  # raises if the request can never get its blocks
-    assert len(request.output_token_ids) == 8 and sched.num_preemptions == 0
+    assert len(request.output_token_ids) == 8 and sched.stats.num_preemptions == 0
     assert sched.kv.pool.num_free == 16
 
 
@@ -299,7 +301,7 @@ def test_many_requests_past_the_window_finish_under_preemption_without_leaking_b
         requests.append(make_request(f"r{i}", prompt, max_tokens=12 + i % 4))
         sched.add(requests[-1])
     run_until_idle(sched)
-    assert sched.num_preemptions > 0 and sched.num_prefix_hit_tokens > 0
+    assert sched.stats.num_preemptions > 0 and sched.stats.num_prefix_hit_tokens > 0
     assert all(len(r.output_token_ids) == r.max_tokens for r in requests)
     assert sched.kv.pool.num_free == 24
     assert all(sched.kv.pool.ref_count(b) == 0 for b in range(24))

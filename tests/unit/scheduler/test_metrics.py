@@ -172,7 +172,7 @@ def test_queue_time_is_the_wait_before_a_requests_first_start_only():
 
     step_at(7.5)  # both start: waited 2.5 and 1.5 s
     step_at(8.0)  # "new" is preempted
-    assert sched.num_preemptions == 1
+    assert sched.stats.num_preemptions == 1
     sched.abort("old")
     step_at(20.0)  # "new" resumes: not a first start
     after = Scrape.parse(generate_latest(REGISTRY).decode())

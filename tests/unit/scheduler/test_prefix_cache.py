@@ -27,20 +27,21 @@ def test_a_finished_requests_full_blocks_serve_the_next_request_with_that_prefix
     sched = make_scheduler()
     sched.add(make_request("a", SHARED + [1, 3], max_tokens=1))
     step = sched.schedule()
-    assert step.new[0][0].block_ids == [0, 1, 2]
+    assert step.new[0].request.block_ids == [0, 1, 2]
     finish_step(sched, step)  # a ends: its blocks return to the pool, full ones cached
     assert sched.kv.pool.num_cached == 2  # the partial third block is not cached
     sched.add(make_request("b", SHARED + [4, 5, 6, 8]))
     step = sched.schedule()
-    ((b, num_new),) = step.new
+    (new,) = step.new
+    b, num_new = new.request, new.num_new
     assert b.block_ids == [0, 1, 3] and num_new == 4
     assert b.num_cached_tokens == 8
     (seq,) = step_to_proto(step, 1).new_sequences
     assert seq.num_computed_tokens == 8 and seq.num_new_tokens == 4
     assert [list(t.block_ids) for t in seq.block_tables] == [[0, 1, 3]]
     (result,) = finish_step(sched, step)
-    assert output_to_proto(Output.sampled(*result)).cached_tokens == 8
-    assert (sched.num_prefix_query_tokens, sched.num_prefix_hit_tokens) == (22, 8)
+    assert output_to_proto(Output.sampled(result.request, *result.samples)).cached_tokens == 8
+    assert (sched.stats.num_prefix_query_tokens, sched.stats.num_prefix_hit_tokens) == (22, 8)
 
 
 def test_blocks_join_the_cache_only_once_the_step_that_computed_them_returned():
@@ -54,8 +55,8 @@ def test_blocks_join_the_cache_only_once_the_step_that_computed_them_returned():
     assert sched.kv.pool.num_cached == 1  # ...but its KV is being written right now
     finish_step(sched, step)
     assert sched.kv.pool.num_cached == 2
-    ((b, _),) = sched.schedule().new
-    assert b.num_cached_tokens == 8  # the blocks hold a's prompt and its sampled tokens
+    (new,) = sched.schedule().new
+    assert new.request.num_cached_tokens == 8  # the blocks hold a's prompt and its sampled tokens
 
 
 def test_a_fully_cached_prompt_recomputes_its_last_block_in_a_fresh_one():
@@ -65,7 +66,8 @@ def test_a_fully_cached_prompt_recomputes_its_last_block_in_a_fresh_one():
     cached = sched.kv.cached_hashes()
     sched.add(make_request("b", SHARED))
     step = sched.schedule()
-    ((b, num_new),) = step.new
+    (new,) = step.new
+    b, num_new = new.request, new.num_new
     assert b.block_ids == [0, 2] and num_new == 4  # block 1 (shared) is never written
     assert b.num_cached_tokens == 4
     finish_step(sched, step)
@@ -110,8 +112,9 @@ def test_a_preempted_request_resumes_from_its_own_cached_blocks():
     assert sched.requests["old"].block_ids == [0, 1, 3]  # new's tail block was evicted first
     sched.abort("old")
     step = sched.schedule()
-    ((resumed, num_new),) = step.new
-    assert resumed is new and new.block_ids == [2, 3, 1]
+    (resumed,) = step.new
+    num_new = resumed.num_new
+    assert resumed.request is new and new.block_ids == [2, 3, 1]
     assert num_new == 5 and new.num_computed_tokens == 9  # 4 tokens came from the cache
     assert new.num_cached_tokens == 0  # at its first start nothing was cached
     finish_step(sched, step)
@@ -135,7 +138,7 @@ def test_every_block_comes_back_after_aborts_mid_prefill_and_preemptions():
                 aborted += 1
     run_until_idle(sched)
     pool = sched.kv.pool
-    assert aborted > 0 and sched.num_preemptions > 0 and sched.num_prefix_hit_tokens > 0
+    assert aborted > 0 and sched.stats.num_preemptions > 0 and sched.stats.num_prefix_hit_tokens > 0
     assert pool.num_free == 12
     assert all(pool.ref_count(b) == 0 for b in range(12))
 
@@ -154,10 +157,11 @@ def test_caching_off_never_reuses_blocks():
     sched.add(make_request("a", SHARED + [1], max_tokens=1))
     run_step(sched)
     sched.add(make_request("b", SHARED + [1], max_tokens=1))
-    ((b, num_new),) = sched.schedule().new
-    assert num_new == 9 and b.num_cached_tokens == 0
-    assert sched.kv.pool.num_cached == 0 and sched.num_prefix_query_tokens == 0
-    assert sched.update([Sample("b", 7)])[0][0].finish_reason is FinishReason.LENGTH
+    (new,) = sched.schedule().new
+    assert new.num_new == 9 and new.request.num_cached_tokens == 0
+    assert sched.kv.pool.num_cached == 0 and sched.stats.num_prefix_query_tokens == 0
+    (update,) = sched.update([Sample("b", 7)])
+    assert update.request.finish_reason is FinishReason.LENGTH
 
 
 def test_a_failed_worker_takes_its_cache_along():

@@ -13,7 +13,7 @@ from tests.unit.scheduler.drive import FakeClock, finish_step, make_request, mak
 
 
 def started_ids(step) -> list[str]:
-    return [r.request_id for r, _ in step.new]
+    return [r.request.request_id for r in step.new]
 
 
 def test_one_tenants_backlog_does_not_starve_anothers_single_request():
@@ -27,7 +27,7 @@ def test_one_tenants_backlog_does_not_starve_anothers_single_request():
     assert started_ids(step) == ["a0", "b0"]  # ties go to the earliest arrival; then B has 0
     finish_step(sched, step)
     step = sched.schedule()  # the two decodes take 2 of 8 tokens; A's backlog gets the rest
-    assert [(r.request_id, n) for r, n in step.new] == [("a1", 4), ("a2", 2)]
+    assert [(r.request.request_id, r.num_new) for r in step.new] == [("a1", 4), ("a2", 2)]
 
 
 def test_the_tenant_with_fewest_running_requests_goes_next_within_a_priority():
@@ -46,7 +46,7 @@ def test_a_full_queue_refuses_new_requests_until_one_starts():
     sched.add(make_request("b", [3, 4]))
     with pytest.raises(ResourceExhausted, match="queue is full.*retry"):
         sched.add(make_request("c", [3, 4]))
-    assert sched.num_rejected == 1 and "c" not in sched.requests
+    assert sched.stats.num_rejected == 1 and "c" not in sched.requests
     sched.schedule()  # "a" starts and leaves the queue
     sched.add(make_request("c", [3, 4]))
     assert sched.num_waiting == 2
@@ -65,7 +65,7 @@ def test_a_request_that_never_starts_expires_after_the_longest_wait():
     clock.now = 10
     (expired,) = sched.expire()
     assert expired.request_id == "late" and expired.finish_reason is FinishReason.ERROR
-    assert "late" not in sched.requests and sched.num_waiting == 1 and sched.num_expired == 1
+    assert "late" not in sched.requests and sched.num_waiting == 1 and sched.stats.num_expired == 1
     clock.now = 1000  # a running request is never expired, however long it runs
     assert [r.request_id for r in sched.expire()] == ["later"]
     assert list(sched.requests) == ["running"]

@@ -53,8 +53,9 @@ def _submit(
 def _step(scheduler: Scheduler, steps: StepTracer) -> None:
     """One engine step, traced; every request that caught up samples token 7."""
     step = scheduler.schedule()
-    trace = steps.begin(step, scheduler.num_steps)
-    samples = [Sample(r.request_id, 7) for r, _ in step.requests if r.num_output_placeholders]
+    trace = steps.begin(step, scheduler.stats.num_steps)
+    caught_up = [part.request for part in step.requests if part.request.num_output_placeholders]
+    samples = [Sample(r.request_id, 7) for r in caught_up]
     trace.end(StepResult(samples))
     scheduler.update(samples)
 

@@ -20,9 +20,9 @@ def test_a_cached_prefix_draws_the_request_to_its_replica():
         engine = submit(router, f"r{i}", SYSTEM + [10 + i, 20 + i])
         assert engine is b
         drain(b)
-    assert a.scheduler.num_steps == 0
+    assert a.scheduler.stats.num_steps == 0
     # The user sees it: the scheduler served the shared prefix from the cache.
-    assert b.scheduler.num_prefix_hit_tokens >= 4 * len(SYSTEM)
+    assert b.scheduler.stats.num_prefix_hit_tokens >= 4 * len(SYSTEM)
 
 
 def test_load_breaks_ties_between_replicas_without_the_prefix():

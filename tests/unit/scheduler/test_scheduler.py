@@ -35,28 +35,27 @@ def make_request(rid: str, prompt_len: int, max_tokens: int = 4, priority: int =
 
 def sample_all(sched: Scheduler, step, token: int = 7) -> list:
     """Samples `token` for every scheduled request that caught up with its tokens."""
-    samples = [Sample(r.request_id, token) for r, _ in step.new if r.num_output_placeholders]
-    samples += [
-        Sample(r.request_id, token) for r, _, _ in step.running if r.num_output_placeholders
-    ]
-    return sched.update(samples)
+    caught_up = [part.request for part in step.requests if part.request.num_output_placeholders]
+    return sched.update([Sample(r.request_id, token) for r in caught_up])
 
 
 def test_prefill_then_decode_allocates_blocks_as_tokens_grow():
     sched = make_scheduler()
     sched.add(make_request("a", prompt_len=6, max_tokens=4))
     step = sched.schedule()
-    ((req, n),) = step.new
-    assert n == 6 and req.block_ids == [0, 1]
+    (new,) = step.new
+    assert new.num_new == 6 and new.request.block_ids == [0, 1]
     sample_all(sched, step)
     for _ in range(2):  # computing tokens 7 and 8 fits in the two blocks
         step = sched.schedule()
-        assert [(r.request_id, n, blocks) for r, n, blocks in step.running] == [("a", 1, [[]])]
+        assert [(r.request.request_id, r.num_new, r.new_blocks) for r in step.running] == [
+            ("a", 1, [[]])
+        ]
         sample_all(sched, step)
     step = sched.schedule()  # the 9th token needs a third block
-    assert step.running[0][2] == [[2]]
+    assert step.running[0].new_blocks == [[2]]
     updated = sample_all(sched, step)
-    assert updated[0][0].finish_reason is FinishReason.LENGTH
+    assert updated[0].request.finish_reason is FinishReason.LENGTH
     assert sched.kv.pool.num_free == 8
     assert sched.schedule().finished_ids == ["a"]  # the worker is told to forget it
 
@@ -67,22 +66,21 @@ def test_long_prompt_is_chunked_under_the_token_budget_while_decodes_continue():
     sample_all(sched, sched.schedule())
     sched.add(make_request("long", prompt_len=20))
     step = sched.schedule()
-    assert [(r.request_id, n) for r, n, _ in step.running] == [("short", 1)]
-    assert [(r.request_id, n) for r, n in step.new] == [("long", 7)]
+    assert [(r.request.request_id, r.num_new) for r in step.running] == [("short", 1)]
+    assert [(r.request.request_id, r.num_new) for r in step.new] == [("long", 7)]
     updated = sample_all(sched, step)
-    assert [r.request_id for r, _ in updated] == ["short"]  # a partial prefill samples nothing
+    assert [u.request.request_id for u in updated] == ["short"]  # a partial prefill samples none
     step = sched.schedule()
-    assert [(r.request_id, n) for r, n, _ in step.running] == [("short", 1), ("long", 7)]
+    assert [(r.request.request_id, r.num_new) for r in step.running] == [("short", 1), ("long", 7)]
 
 
 def test_eos_stops_unless_ignored():
     sched = make_scheduler()
     sched.add(make_request("a", prompt_len=2, max_tokens=10))
-    ((req, _),) = sched.update([Sample("a", EOS)]) or [(None, None)]  # not running yet: dropped
-    assert req is None
+    assert sched.update([Sample("a", EOS)]) == []  # not running yet: dropped
     step = sched.schedule()
-    ((req, _),) = sample_all(sched, step, token=EOS)
-    assert req.finish_reason is FinishReason.STOP
+    (update,) = sample_all(sched, step, token=EOS)
+    assert update.request.finish_reason is FinishReason.STOP
 
 
 def test_out_of_blocks_preempts_the_most_recent_request_which_resumes_with_its_tokens():
@@ -96,14 +94,14 @@ def test_out_of_blocks_preempts_the_most_recent_request_which_resumes_with_its_t
     sample_all(sched, step)  # both at 9 tokens: each needs a third block
     step = sched.schedule()
     assert step.finished_ids == ["new"]
-    assert [r.request_id for r, _, _ in step.running] == ["old"]
+    assert [r.request.request_id for r in step.running] == ["old"]
     new = sched.requests["new"]
     assert new.status is Status.WAITING and new.block_ids == [] and new.num_computed_tokens == 0
-    assert new.output_token_ids == [7] and sched.num_preemptions == 1
+    assert new.output_token_ids == [7] and sched.stats.num_preemptions == 1
     sched.abort("old")
     step = sched.schedule()
-    ((resumed, n),) = step.new
-    assert resumed is new and n == 9  # prompt and its generated token, recomputed
+    (resumed,) = step.new  # its prompt and generated token, recomputed:
+    assert resumed.request is new and resumed.num_new == 9
 
 
 def test_a_prompt_starts_only_when_the_pool_can_hold_all_of_it():
@@ -116,12 +114,12 @@ def test_a_prompt_starts_only_when_the_pool_can_hold_all_of_it():
     started: dict[str, int] = {}
     for step_index in range(40):
         step = sched.schedule()
-        for request, _ in step.new:
-            started[request.request_id] = step_index
+        for part in step.new:
+            started[part.request.request_id] = step_index
         sample_all(sched, step)
         if not sched.has_work():
             break
-    assert sched.num_preemptions == 0
+    assert sched.stats.num_preemptions == 0
     assert started["b"] > started["a"] + 4, "b waited for a's blocks"
     assert sched.kv.pool.num_free == 10 and not sched.requests
 
@@ -131,7 +129,7 @@ def test_priority_orders_the_queue_and_chooses_the_victim():
     sched.add(make_request("low", prompt_len=2))
     sched.add(make_request("high", prompt_len=2, priority=5))
     step = sched.schedule()
-    assert [r.request_id for r, _ in step.new] == ["high"]
+    assert [r.request.request_id for r in step.new] == ["high"]
 
 
 def test_abort_frees_blocks_and_tells_the_worker():

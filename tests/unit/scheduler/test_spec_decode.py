@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from layerserve.worker.v1 import worker_pb2
 from services.common.sampling import SamplingOptions, StructuredOutput
-from services.scheduler.engine import _by_request, _output
+from services.scheduler.engine import _output
 from services.scheduler.request import FinishReason
 from services.scheduler.request_trace import spec_decode_attributes
 from services.scheduler.scheduler_metrics import SchedulerCollector, SchedulerMetrics
@@ -19,7 +19,7 @@ from services.scheduler.spec_decode import NgramProposer
 from services.scheduler.step import Sample
 from services.scheduler.worker_info import WorkerInfo
 from services.scheduler.worker_link import result_from_proto, step_to_proto
-from tests.unit.scheduler.drive import EOS, make_request, make_scheduler
+from tests.unit.scheduler.drive import EOS, drafts, make_request, make_scheduler
 
 
 class FixedProposer:
@@ -58,7 +58,7 @@ def _decoding(sched, rid="a", prompt=(1, 2, 3, 4, 5), max_tokens=8):
     sched.add(request)
     step = sched.schedule()
     sched.update([Sample(rid, 6)])
-    assert not step.drafts  # a prefill never carries proposals
+    assert not drafts(step)  # a prefill never carries proposals
     return request
 
 
@@ -66,29 +66,29 @@ def test_proposals_are_computed_with_blocks_and_rolled_back_when_rejected():
     sched = make_scheduler(num_blocks=8, block_size=4, proposer=FixedProposer([7, 8, 9, 10]))
     request = _decoding(sched)  # 6 tokens known, 5 computed, 2 blocks
     step = sched.schedule()
-    assert step.drafts == {"a": [7, 8, 9, 10]}
-    assert step.running[0][1] == 5  # its last token and the 4 proposals
+    assert drafts(step) == {"a": [7, 8, 9, 10]}
+    assert step.running[0].num_new == 5  # its last token and the 4 proposals
     assert request.block_ids == [0, 1, 2]  # 10 tokens' KV: a third block
     assert sched.kv.pool.num_free == 5
     # The worker accepts 7, rejects 8 and samples 20 instead.
-    updated = sched.update([Sample("a", 7), Sample("a", 20)])
-    assert [s.token_id for _, s in updated] == [7, 20]
+    (update,) = sched.update([Sample("a", 7), Sample("a", 20)])
+    assert [s.token_id for s in update.samples] == [7, 20]
     assert request.output_token_ids == [6, 7, 20]
     assert request.num_computed_tokens == 7  # prompt, 6 and 7; 20 is computed next step
     assert request.block_ids == [0, 1]  # the third block held only rejected proposals
     assert sched.kv.pool.num_free == 6
-    assert (sched.speculator.num_draft_tokens, sched.speculator.num_accepted_tokens) == (4, 1)
+    assert (sched.stats.num_draft_tokens, sched.stats.num_accepted_tokens) == (4, 1)
     assert (request.num_draft_tokens, request.num_accepted_tokens) == (4, 1)
 
 
 def test_proposals_count_against_the_budget_and_max_tokens():
     sched = make_scheduler(budget=3, proposer=FixedProposer([7, 8, 9, 10]))
     _decoding(sched, prompt=(1, 2, 3), max_tokens=8)
-    assert sched.schedule().drafts == {"a": [7, 8]}  # 1 + 2 tokens fill the budget of 3
+    assert drafts(sched.schedule()) == {"a": [7, 8]}  # 1 + 2 tokens fill the budget of 3
     sched.update([Sample("a", 7), Sample("a", 8), Sample("a", 9)])
     sched2 = make_scheduler(proposer=FixedProposer([7, 8, 9, 10]))
     request = _decoding(sched2, max_tokens=3)  # 1 output; 2 more allowed
-    assert sched2.schedule().drafts == {"a": [7]}  # the step's own token is the third
+    assert drafts(sched2.schedule()) == {"a": [7]}  # the step's own token is the third
     sched2.update([Sample("a", 7), Sample("a", 11)])
     assert request.output_token_ids == [6, 7, 11]
     assert request.finish_reason is FinishReason.LENGTH
@@ -99,8 +99,8 @@ def test_a_stop_among_accepted_tokens_drops_those_after_it():
     sched = make_scheduler(proposer=FixedProposer([7, EOS, 9]))
     request = _decoding(sched)
     sched.schedule()
-    updated = sched.update([Sample("a", 7), Sample("a", EOS), Sample("a", 9), Sample("a", 4)])
-    assert [s.token_id for _, s in updated] == [7, EOS]
+    (update,) = sched.update([Sample("a", 7), Sample("a", EOS), Sample("a", 9), Sample("a", 4)])
+    assert [s.token_id for s in update.samples] == [7, EOS]
     assert request.output_token_ids == [6, 7, EOS]
     assert request.finish_reason is FinishReason.STOP
     assert sched.kv.pool.num_free == sched.kv.pool.num_blocks
@@ -125,8 +125,8 @@ def test_speculation_never_preempts():
     sched.schedule()
     sched.update([Sample("a", 6), Sample("b", 6)])  # 2 of 3 blocks used; 1 free
     step = sched.schedule()  # proposals would need 2 more blocks each: both decode plainly
-    assert step.drafts == {}
-    assert [(r.request_id, n) for r, n in step.requests] == [("a", 1), ("b", 1)]
+    assert drafts(step) == {}
+    assert [(r.request.request_id, r.num_new) for r in step.requests] == [("a", 1), ("b", 1)]
     assert a.num_preemptions == b.num_preemptions == 0
 
 
@@ -137,14 +137,14 @@ def test_constrained_requests_and_steps_in_flight_do_not_speculate():
     sched.add(request)
     sched.schedule()
     sched.update([Sample("a", 6)])
-    assert sched.schedule().drafts == {}
+    assert drafts(sched.schedule()) == {}
     other = make_scheduler(proposer=FixedProposer([7, 8]))
     _decoding(other)
     other.add(make_request("b", [1, 2, 3], 8))
     first = other.schedule()  # a speculates
-    assert first.drafts == {"a": [7, 8]}
+    assert drafts(first) == {"a": [7, 8]}
     ahead = other.schedule()  # scheduled before first's result: a waits, b gets no proposals
-    assert "a" not in [r.request_id for r, _ in ahead.requests] and not ahead.drafts
+    assert "a" not in [r.request.request_id for r in ahead.requests] and not drafts(ahead)
 
 
 def test_the_wire_carries_proposals_and_several_tokens_per_request():
@@ -157,9 +157,8 @@ def test_the_wire_carries_proposals_and_several_tokens_per_request():
     wire = worker_pb2.StepResult(step_id=1)
     for token in (7, 8, 12):
         wire.sampled.add(request_id="a", token_id=token)
-    updated = sched.update(result_from_proto(wire).samples)
-    [(request, samples)] = _by_request(updated)
-    output = _output(request, samples)
+    (update,) = sched.update(result_from_proto(wire).samples)
+    output = _output(update)
     assert output.token_ids == [7, 8, 12] and output.finish_reason is None
 
 

@@ -11,7 +11,7 @@ import pytest
 from services.scheduler.spec_decode import NgramProposer
 from services.scheduler.spec_policy import Acceptance, StepCost, choose
 from services.scheduler.step import Sample
-from tests.unit.scheduler.drive import FakeClock, make_request, make_scheduler
+from tests.unit.scheduler.drive import FakeClock, drafts, make_request, make_scheduler
 
 
 def test_step_cost_fits_the_line_of_the_steps_timed():
@@ -74,17 +74,19 @@ def _drive(sched, clock, outputs, steps, cost):
     for _ in range(steps):
         step = sched.schedule()
         clock.now += cost[0] + cost[1] * step.num_tokens
-        drafts_per_step.append({rid: len(d) for rid, d in step.drafts.items()})
+        proposed = drafts(step)
+        drafts_per_step.append({rid: len(d) for rid, d in proposed.items()})
         samples = []
-        for request, _ in step.requests:
+        for part in step.requests:
+            request = part.request
             if not request.num_output_placeholders:
                 continue  # a prefill chunk short of its last token
             rid = request.request_id
-            drafts = step.drafts.get(rid, [])
+            proposal = proposed.get(rid, [])
             done = len(request.output_token_ids)
-            for j, token in enumerate(outputs[rid][done : done + 1 + len(drafts)]):
+            for j, token in enumerate(outputs[rid][done : done + 1 + len(proposal)]):
                 samples.append(Sample(rid, token))
-                if j < len(drafts) and drafts[j] != token:
+                if j < len(proposal) and proposal[j] != token:
                     break  # the worker's own token replaces the first rejected proposal
         sched.update(samples)
     return drafts_per_step

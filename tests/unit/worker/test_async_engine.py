@@ -39,9 +39,10 @@ def _run(engine: OfflineEngine, requests: list[Request], abort_after: dict[str, 
     ended: set[str] = set()
 
     def on_update(updated) -> None:
-        for request, sample in updated:
+        for update in updated:
+            request = update.request
             assert request.request_id not in ended, "a token after the request's end"
-            emitted.setdefault(request.request_id, []).append(sample.token_id)
+            emitted.setdefault(request.request_id, []).extend(s.token_id for s in update.samples)
             if request.finish_reason is not None:
                 ended.add(request.request_id)
         for rid, count in abort_after.items():
@@ -53,7 +54,7 @@ def _run(engine: OfflineEngine, requests: list[Request], abort_after: dict[str, 
     pool = engine.scheduler.kv.pool
     assert pool.num_free == pool.num_blocks  # every block came back
     assert engine.runner.num_requests == 0  # and the worker forgot every request
-    return emitted, engine.scheduler.num_preemptions
+    return emitted, engine.scheduler.stats.num_preemptions
 
 
 def _both(runner_for, make_requests, abort_after=None) -> dict[bool, tuple]:

@@ -143,6 +143,6 @@ def test_the_scheduler_drives_grouped_gemma_with_prefix_reuse_and_preemption(
     outputs = engine.generate(prompts[1:], [12] * 3)
     assert [outputs[f"r{i}"] for i in range(3)] == expected[1:]
     scheduler = engine.scheduler
-    assert scheduler.num_prefix_hit_tokens >= 3 * BLOCK, "the shared 13 tokens were reused"
-    assert scheduler.num_preemptions > 0, "16 blocks cannot hold all three at once"
+    assert scheduler.stats.num_prefix_hit_tokens >= 3 * BLOCK, "the shared 13 tokens were reused"
+    assert scheduler.stats.num_preemptions > 0, "16 blocks cannot hold all three at once"
     assert scheduler.kv.pool.num_free == scheduler.kv.pool.num_blocks

@@ -22,7 +22,7 @@ def _generate(make_runner, tokenizer, num_blocks: int) -> tuple[list[list[int]],
     out = engine.generate(prompts, [NEW_TOKENS] * len(prompts))
     pool = engine.scheduler.kv.pool
     assert pool.num_free == pool.num_blocks  # every block came back
-    return [out[f"r{i}"] for i in range(len(prompts))], engine.scheduler.num_preemptions
+    return [out[f"r{i}"] for i in range(len(prompts))], engine.scheduler.stats.num_preemptions
 
 
 def test_preempted_requests_resume_with_identical_greedy_output(make_runner, tokenizer):

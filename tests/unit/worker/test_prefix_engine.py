@@ -25,9 +25,9 @@ def _generate(make_runner, caching: bool) -> tuple[list[list[int]], list[int]]:
     engine = OfflineEngine(runner, limits)
     outputs, hits = [], []
     for prompt in PROMPTS:
-        before = engine.scheduler.num_prefix_hit_tokens
+        before = engine.scheduler.stats.num_prefix_hit_tokens
         outputs.append(engine.generate([prompt], [NEW_TOKENS])["r0"])
-        hits.append(engine.scheduler.num_prefix_hit_tokens - before)
+        hits.append(engine.scheduler.stats.num_prefix_hit_tokens - before)
     pool = engine.scheduler.kv.pool
     assert pool.num_free == pool.num_blocks  # every block came back
     return outputs, hits

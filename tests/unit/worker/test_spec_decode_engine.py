@@ -60,8 +60,9 @@ def _run(engine: OfflineEngine, requests: list[Request]) -> dict[str, list]:
     seen: dict[str, list] = {}
 
     def on_update(updated) -> None:
-        for request, sample in updated:
-            seen.setdefault(request.request_id, []).append((sample.token_id, sample.logprob))
+        for update in updated:
+            pairs = [(sample.token_id, sample.logprob) for sample in update.samples]
+            seen.setdefault(update.request.request_id, []).extend(pairs)
 
     engine.run(requests, on_update)
     pool = engine.scheduler.kv.pool
@@ -102,9 +103,9 @@ def test_speculation_gives_the_tokens_of_decoding_without_it(
                 [lp for _, lp in reference[rid]], abs=1e-4
             )
         scheduler = engine.scheduler
-        assert 0 < scheduler.speculator.num_accepted_tokens < scheduler.speculator.num_draft_tokens
+        assert 0 < scheduler.stats.num_accepted_tokens < scheduler.stats.num_draft_tokens
         if num_blocks < 256:
-            assert scheduler.num_preemptions > 0
+            assert scheduler.stats.num_preemptions > 0
 
 
 def test_oracle_speculation_takes_fewer_steps(tiny):
@@ -113,7 +114,7 @@ def test_oracle_speculation_takes_fewer_steps(tiny):
     _run(plain, _requests(SamplingOptions()))
     fast = OfflineEngine(make_tiny_runner(tiny, 256), LIMITS, proposer=OracleProposer(oracle))
     _run(fast, _requests(SamplingOptions()))
-    assert fast.scheduler.num_steps < 0.7 * plain.scheduler.num_steps
+    assert fast.scheduler.stats.num_steps < 0.7 * plain.scheduler.stats.num_steps
 
 
 def test_a_stop_id_among_accepted_proposals_ends_the_request_there(tiny):
