@@ -5,7 +5,8 @@ completions request it means, parsed and validated by the chat path.
 the turn's text, an assistant's `tool_use` blocks are its tool calls, a user's `tool_result`
 blocks are tool turns (ahead of the user's own text, since they answer the calls before it).
 `stop_sequences` is `stop`, `tools[].input_schema` a function's parameters, `tool_choice`
-`{"type": "any"}` is "required". Only Anthropic's own JSON shapes are checked here; sampling,
+`{"type": "any"}` is "required", `output_config.format` (structured outputs) is a
+`response_format` JSON schema. Only Anthropic's own JSON shapes are checked here; sampling,
 tools and limits are the chat path's and the one validator's, with Anthropic's field names in
 the errors.
 """
@@ -18,7 +19,7 @@ from typing import Any
 from services.common.errors import InvalidArgument
 from services.gateway.anthropic_events import MessagesRenderer, TokenCountRenderer
 from services.gateway.log_text import excerpt
-from services.gateway.openai_fields import JsonObject, get_bool, get_str
+from services.gateway.openai_fields import JsonObject, get_bool, get_object, get_str
 from services.gateway.openai_protocol import ParsedRequest, parse_chat_request
 from services.gateway.request_limits import RequestLimits
 
@@ -76,6 +77,13 @@ def _chat_body(body: JsonObject) -> JsonObject:
     if choice is not None:
         chat["tool_choice"], parallel = _tool_choice(choice)
         chat["parallel_tool_calls"] = parallel
+    output_format = get_object(get_object(body, "output_config"), "format")
+    if output_format:
+        if output_format.get("type") != "json_schema":
+            param = "output_config.format.type"
+            raise InvalidArgument(f"{param} must be json_schema", param=param)
+        spec = {"name": "output", "schema": output_format.get("schema")}
+        chat["response_format"] = {"type": "json_schema", "json_schema": spec}
     return chat
 
 
@@ -213,6 +221,9 @@ def _anthropic_param(error: InvalidArgument) -> InvalidArgument:
         error.param = "stop_sequences"
         if not error.message.startswith("stop sequences"):  # already says what it is
             error.message = error.message.replace("stop", "stop_sequences", 1)
+    if error.param and error.param.startswith("response_format.json_schema"):
+        error.param = error.param.replace("response_format.json_schema", "output_config.format")
+        error.message = error.message.replace("response_format.json_schema", "output_config.format")
     if error.param and ".function.parameters" in error.param:
         error.param = error.param.replace(".function.parameters", ".input_schema")
         error.message = error.message.replace(".function.parameters", ".input_schema")

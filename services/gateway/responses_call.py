@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, NotFound
+from services.gateway.log_text import excerpt
 from services.gateway.openai_fields import JsonObject, get_bool, get_object, get_str
 from services.gateway.openai_protocol import ParsedRequest, parse_chat_request
 from services.gateway.request_limits import RequestLimits
@@ -48,8 +49,7 @@ async def parse_responses_call(
     trace_context: dict[str, str] | None,
     limits: RequestLimits,
 ) -> ResponsesCall:
-    previous_id = get_str(body, "previous_response_id")
-    history = (await store.get(previous_id, tenant)).messages if previous_id else []
+    history = await _history(store, get_str(body, "previous_response_id"), tenant)
     chat = chat_body(body, history)
     try:
         parsed = parse_chat_request(chat, trace_context, limits, request_id=request_id)
@@ -63,6 +63,19 @@ async def parse_responses_call(
     fields = _echoed_fields(body, parsed, keep)
     conversation = chat["messages"][1:] if body.get("instructions") else chat["messages"]
     return ResponsesCall(parsed, ResponsesRenderer(response_id, fields), keep, conversation)
+
+
+async def _history(store: ResponseStore, previous_id: str | None, tenant: str) -> list[JsonObject]:
+    """The stored conversation that previous_response_id continues."""
+    if not previous_id:
+        return []
+    try:
+        return (await store.get(previous_id, tenant)).messages
+    except NotFound:
+        raise NotFound(
+            f"Previous response with id {excerpt(previous_id)} not found.",
+            param="previous_response_id",
+        ) from None
 
 
 def _echoed_fields(body: JsonObject, parsed: ParsedRequest, store: bool) -> JsonObject:

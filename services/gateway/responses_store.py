@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.errors import NotFound, Unavailable
+from services.gateway.log_text import excerpt
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class ResponseStore:
         stored = StoredResponse.from_json(text) if text is not None else None
         if stored is None or stored.tenant != tenant:
             raise NotFound(
-                f"Response with id {response_id[:100]!r} not found.", param="response_id"
+                f"Response with id {excerpt(response_id)} not found.", param="response_id"
             )
         return stored
 

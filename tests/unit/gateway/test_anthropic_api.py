@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from services.gateway.backend import ToolCall
 from services.gateway.http_app import create_app
 from tests.unit.gateway.conftest import API_KEY, front_door
-from tests.unit.gateway.test_responses_api import MODEL, ScriptedBackend
+from tests.unit.gateway.test_responses_api import MODEL, ScriptedBackend, Weather
 
 WEATHER_TOOL = {
     "name": "get_weather",
@@ -174,3 +174,14 @@ async def test_errors_take_anthropics_shape(http, sdk) -> None:
         with pytest.raises(anthropic.AuthenticationError) as info:
             await wrong.messages.create(model=MODEL, max_tokens=5, messages=USER)
     assert info.value.body["error"]["type"] == "authentication_error"
+
+
+async def test_parse_returns_the_output_formats_object(scripted, sdk) -> None:
+    scripted.scripts = [['{"city": "Paris", "temperature": 21.5}']]
+    message = await sdk.messages.parse(
+        model=MODEL, max_tokens=50, messages=USER, output_format=Weather
+    )
+    assert message.parsed_output == Weather(city="Paris", temperature=21.5)
+    structured = scripted.requests[0].sampling.structured
+    assert structured is not None and structured.kind == "json_schema"
+    assert "temperature" in structured.value

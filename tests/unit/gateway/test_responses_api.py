@@ -197,8 +197,9 @@ async def test_stored_responses_belong_to_their_key_and_can_be_deleted(http, sdk
     async with sdk_for(http, OTHER_KEY) as other:
         with pytest.raises(openai.NotFoundError):
             await other.responses.retrieve(response.id)
-        with pytest.raises(openai.NotFoundError):
+        with pytest.raises(openai.NotFoundError) as info:
             await other.responses.create(model=MODEL, input="x", previous_response_id=response.id)
+        assert info.value.param == "previous_response_id"
     await sdk.responses.delete(response.id)
     with pytest.raises(openai.NotFoundError):
         await sdk.responses.retrieve(response.id)
