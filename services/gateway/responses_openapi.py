@@ -62,7 +62,7 @@ def api_schemas() -> dict[str, Schema]:
         "Response": _object_of("response"),
         "DeletedResponse": _object_of("response"),
         "CreateMessageRequest": _anthropic_request(["model", "messages", "max_tokens"]),
-        "CountTokensRequest": _anthropic_request(["model", "messages"]),
+        "CountTokensRequest": _anthropic_request(["model", "messages"], counts=True),
         "Message": _object_of("message", key="type"),
         "MessageTokensCount": {
             "type": "object",
@@ -171,20 +171,20 @@ def _request(required: list[str], properties: Schema) -> Schema:
     return {"type": "object", "required": required, "properties": properties}
 
 
-def _anthropic_request(required: list[str]) -> Schema:
-    return _request(
-        required,
-        {
-            "model": {"type": "string"},
-            "messages": {"type": "array", "minItems": 1},
-            "max_tokens": {"type": "integer", "minimum": 1},
-            "system": {"type": ["string", "array"]},
-            "stop_sequences": {"type": "array", "items": {"type": "string"}},
-            "stream": {"type": "boolean"},
-            "tools": {"type": "array"},
-            "tool_choice": _OBJECT,
-        },
-    )
+def _anthropic_request(required: list[str], counts: bool = False) -> Schema:
+    """counts: count_tokens' body, which has no max_tokens, stop sequences or stream."""
+    properties = {
+        "model": {"type": "string"},
+        "messages": {"type": "array", "minItems": 1},
+        "system": {"type": ["string", "array"]},
+        "tools": {"type": "array"},
+        "tool_choice": _OBJECT,
+    }
+    if not counts:
+        properties["max_tokens"] = {"type": "integer", "minimum": 1}
+        properties["stop_sequences"] = {"type": "array", "items": {"type": "string"}}
+        properties["stream"] = {"type": "boolean"}
+    return _request(required, properties)
 
 
 def _object_of(name: str, key: str = "object") -> Schema:

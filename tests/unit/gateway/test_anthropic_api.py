@@ -14,6 +14,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from services.gateway.backend import ToolCall
 from services.gateway.http_app import create_app
 from tests.unit.gateway.conftest import API_KEY, front_door
+from tests.unit.gateway.echo_backend import MODEL as ECHO_MODEL
+from tests.unit.gateway.echo_backend import EchoBackend
 from tests.unit.gateway.test_responses_api import MODEL, ScriptedBackend, Weather
 
 WEATHER_TOOL = {
@@ -185,3 +187,22 @@ async def test_parse_returns_the_output_formats_object(scripted, sdk) -> None:
     structured = scripted.requests[0].sampling.structured
     assert structured is not None and structured.kind == "json_schema"
     assert "temperature" in structured.value
+
+
+async def test_a_failure_mid_stream_is_an_anthropic_error_event() -> None:
+    app = create_app(EchoBackend(token_delay=0.01))  # "fine" goes out before "boom"
+    async with TestClient(TestServer(app)) as client:
+        body = {
+            "model": ECHO_MODEL,
+            "max_tokens": 10,
+            "stream": True,
+            "messages": [{"role": "user", "content": "fine then boom"}],
+        }
+        raw = await client.post("/v1/messages", json=body)
+        lines = (await raw.text()).strip().splitlines()
+    assert raw.status == 200 and lines[0] == "event: message_start"
+    assert lines[-2] == "event: error"
+    assert json.loads(lines[-1][len("data: ") :]) == {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "the worker went away"},
+    }

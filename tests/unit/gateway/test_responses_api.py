@@ -19,6 +19,8 @@ from services.gateway.http_app import create_app
 from services.gateway.responses_store import ResponseStore
 from tests.openai_schema import validate
 from tests.unit.gateway.conftest import API_KEY, front_door
+from tests.unit.gateway.echo_backend import MODEL as ECHO_MODEL
+from tests.unit.gateway.echo_backend import EchoBackend
 
 MODEL = "scripted-1"
 OTHER_KEY = "sk-other-key"
@@ -269,3 +271,21 @@ async def test_an_agent_calls_its_function_tool(http, scripted) -> None:
         and tool_turn.tool_call_id == "call_9"
         and "21 C" in tool_turn.content
     )
+
+
+async def test_a_failure_mid_stream_ends_with_error_and_response_failed() -> None:
+    app = create_app(EchoBackend(token_delay=0.01))  # "fine" goes out before "boom"
+    async with TestClient(TestServer(app)) as client:
+        body = {"model": ECHO_MODEL, "input": "fine then boom", "stream": True}
+        raw = await client.post("/v1/responses", json=body)
+        events = [
+            json.loads(block.split("data: ", 1)[1])
+            for block in (await raw.text()).split("\n\n")
+            if block
+        ]
+    assert raw.status == 200 and events[0]["type"] == "response.created"
+    error, failed = events[-2:]
+    assert error["type"] == "error" and error["code"] == "unavailable"
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    for event in events:
+        validate(event, "ResponseStreamEvent")
