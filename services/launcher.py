@@ -135,13 +135,15 @@ def main(argv: list[str] | None = None) -> None:
     except SettingError as err:
         exit_for_setting(PROG, err)
     config.env.update(internal_token_env(os.environ))
+    config.env.update(console_env(os.environ, config))
     stack = Stack(config)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         stack.start()  # a process that fails to start stops the launcher: a bad setting
         log.info(
-            "layerserve is up: OpenAI API at %s/v1 (metrics at /metrics), gRPC at "
-            "127.0.0.1:%d (models %s). Ctrl-C stops it.",
+            "layerserve is up: console at %s/, OpenAI API at %s/v1 (metrics at /metrics), gRPC "
+            "at 127.0.0.1:%d (models %s). Ctrl-C stops it.",
+            stack.http_url,
             stack.http_url,
             config.grpc_port,
             ", ".join(spec.name for spec in config.model_specs()),
@@ -159,6 +161,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2 if any(p.returncode == 2 for p in stack.procs.values()) else 1)
     finally:
         stack.stop()
+
+
+def console_env(environ: dict[str, str] | os._Environ, config: StackConfig) -> dict[str, str]:
+    """What the gateway's console needs (services/gateway/console_routes.py): the schedulers to
+    ask for the stack's state and, unless the operator has a collector (OTEL_EXPORTER_OTLP_*),
+    the gateway's own trace receiver on the port below the tokenizer's, which every service
+    then exports its spans to."""
+    env = {f"{PREFIX}SCHEDULER_ADDRESS": ",".join(f"127.0.0.1:{p}" for p in config.scheduler_ports)}
+    collector = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    )
+    if not collector and not environ.get(f"{PREFIX}TRACE_RECEIVER"):
+        env[f"{PREFIX}TRACE_RECEIVER"] = f"127.0.0.1:{config.tokenizer_port - 1}"
+    return env
 
 
 def internal_token_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:

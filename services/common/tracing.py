@@ -30,6 +30,9 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from services.common.env import PREFIX
+from services.common.internal_auth import InternalAuth
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -49,10 +52,15 @@ INTERNAL = SpanKind.INTERNAL
 
 
 def setup_tracing(service: str) -> bool:
-    """Installs the OTLP exporter when an endpoint is configured; True when tracing is on."""
+    """Installs the OTLP exporter when an endpoint is configured; True when tracing is on.
+    Without one, LAYERSERVE_TRACE_RECEIVER (host:port, set by `make run`) names the gateway's
+    own receiver for its console (services/gateway/trace_receiver.py): the spans go there with
+    the internal token, within half a second."""
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT", ""
     )
+    console = os.environ.get(f"{PREFIX}TRACE_RECEIVER", "") if not endpoint else ""
+    endpoint = endpoint or console
     if not endpoint or os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return False
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -64,9 +72,11 @@ def setup_tracing(service: str) -> bool:
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
     # A bare host:port (Jaeger's own examples) means plain gRPC; a scheme says it.
     insecure = True if "://" not in endpoint else None
-    provider.add_span_processor(
-        BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=insecure))
-    )
+    # Only the stack's own receiver gets the internal token, never an operator's collector.
+    headers = dict(InternalAuth.from_env().metadata) if console else None
+    exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure, headers=headers)
+    delay = {"schedule_delay_millis": 500} if console else {}
+    provider.add_span_processor(BatchSpanProcessor(exporter, **delay))
     trace.set_tracer_provider(provider)  # for any library that traces through the global API
     install(provider, service)
     log.info("tracing to %s as %s", endpoint, name)

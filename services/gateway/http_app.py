@@ -32,6 +32,7 @@ from services.gateway.anthropic_routes import add_anthropic_routes, authorizatio
 from services.gateway.api_context import ApiContext, ApiHandler
 from services.gateway.api_keys import ApiKey, KeyRing
 from services.gateway.backend import Backend, ModelCard
+from services.gateway.console_routes import PAGE_PATHS, add_console_routes
 from services.gateway.front_door import FrontDoor
 from services.gateway.grammar_check import check_grammars
 from services.gateway.http_generation import ChunkRenderer, Renderer, respond_full, respond_stream
@@ -81,8 +82,8 @@ _TRACED_PATHS = frozenset(
     {"/v1/completions", "/v1/chat/completions", "/v1/responses", *ANTHROPIC_PATHS}
 )
 # Probes carry no key; the API description is public; so are the metrics (Prometheus scrapes
-# them without one: they hold counts and timings, never a prompt or a key).
-_UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready", "/openapi.json", "/metrics"})
+# them: counts and timings, never a prompt or a key) and the console's page (it asks for one).
+_UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready", "/openapi.json", "/metrics", *PAGE_PATHS})
 
 
 def create_app(
@@ -127,6 +128,7 @@ def create_app(
     app.router.add_get("/ready", _ready)
     app.router.add_get("/openapi.json", openapi_handler(limits))
     app.router.add_get("/metrics", serve_metrics)
+    add_console_routes(app, CALLER, REQUEST_ID, FRONT_DOOR)
     return app
 
 

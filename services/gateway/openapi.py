@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from services.gateway.console_openapi import console_paths
 from services.gateway.http_json import dumps
 from services.gateway.openapi_requests import chat_message, chat_request, completion_request
 from services.gateway.openapi_schemas import response_schemas
@@ -111,6 +112,7 @@ def _paths(limits: RequestLimits) -> Schema:
         },
         "/metrics": {"get": _metrics()},
         **api_paths(),
+        **console_paths(),
     }
 
 

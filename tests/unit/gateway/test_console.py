@@ -1,0 +1,133 @@
+"""The web console's routes: the page needs no key, its data does; the gateway's own spans
+reach its trace ring through the OTLP receiver (with the internal token, refused without);
+a key sees only its own requests' traces; prompts only when the operator logs them."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from services.common import tracing
+from services.common.internal_auth import METADATA_KEY
+from services.gateway.console_routes import RING
+from services.gateway.http_app import create_app
+from tests.e2e.conftest import free_ports
+from tests.unit.gateway.conftest import front_door
+from tests.unit.gateway.echo_backend import MODEL, EchoBackend
+
+TOKEN = secrets.token_hex(16)
+PROMPT = "the quokka 4417 marmalade"
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def receiver_port(monkeypatch) -> int:
+    (port,) = free_ports(1)
+    monkeypatch.setenv("LAYERSERVE_TRACE_RECEIVER", f"127.0.0.1:{port}")
+    monkeypatch.setenv("LAYERSERVE_INTERNAL_TOKEN", TOKEN)
+    monkeypatch.delenv("LAYERSERVE_LOG_PROMPTS", raising=False)
+    return port
+
+
+@pytest.fixture
+async def client(receiver_port: int) -> AsyncIterator[TestClient]:
+    """A gateway with two keys whose spans go, as the other services' do, over OTLP/gRPC to
+    its own receiver."""
+    exporter = OTLPSpanExporter(
+        endpoint=f"127.0.0.1:{receiver_port}", insecure=True, headers={METADATA_KEY: TOKEN}
+    )
+    provider = TracerProvider(resource=Resource.create({"service.name": "layerserve-gateway"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider, "gateway")
+    app = create_app(EchoBackend(), front_door=front_door("key-a", "key-b"))
+    try:
+        async with TestClient(TestServer(app)) as test_client:
+            yield test_client
+    finally:
+        tracing.shutdown_tracing()
+
+
+async def chat(client: TestClient, key: str) -> str:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3}
+    response = await client.post("/v1/chat/completions", json=body, headers=auth(key))
+    assert response.status == 200, await response.text()
+    return response.headers["X-Request-Id"]
+
+
+async def traces(client: TestClient, key: str, want: int = 0) -> list[dict]:
+    for _ in range(100):
+        response = await client.get("/console/api/traces", headers=auth(key))
+        assert response.status == 200
+        data = (await response.json())["data"]
+        if len(data) >= want and all(t["num_spans"] for t in data):
+            return data
+        await asyncio.sleep(0.05)
+    return data
+
+
+async def test_the_page_needs_no_key_and_its_data_does(client):
+    page = await client.get("/")
+    assert page.status == 200 and "layerserve console" in await page.text()
+    for asset in ("console.js", "timeline.js", "console.css"):
+        assert (await client.get(f"/console/{asset}")).status == 200
+    assert (await (await client.get("/console/session.json")).json()) == {"keys_required": True}
+    for path in ("/console/api/traces", "/console/api/stack", "/console/api/info"):
+        assert (await client.get(path)).status == 401
+    assert (await client.get("/console/secret.py")).status in (401, 404)
+
+
+async def test_a_key_sees_its_own_request_traced_and_no_other(client):
+    request_id = await chat(client, "key-a")
+    (mine,) = await traces(client, "key-a", want=1)
+    assert mine["request_id"] == request_id
+    assert mine["services"] == ["layerserve-gateway"] and mine["prompt"] == ""
+    detail = await client.get(f"/console/api/traces/{mine['trace_id']}", headers=auth("key-a"))
+    spans = (await detail.json())["spans"]
+    assert {"POST /v1/chat/completions", "auth"} <= {s["name"] for s in spans}
+    assert all(PROMPT not in str(s["attributes"]) for s in spans)
+    assert await traces(client, "key-b") == []
+    other = await client.get(f"/console/api/traces/{mine['trace_id']}", headers=auth("key-b"))
+    assert other.status == 404
+    assert "error" in await other.json()
+
+
+async def test_prompts_show_only_when_the_operator_logs_them(client, monkeypatch):
+    monkeypatch.setenv("LAYERSERVE_LOG_PROMPTS", "1")
+    await chat(client, "key-b")
+    (trace,) = await traces(client, "key-b", want=1)
+    assert trace["prompt"] == PROMPT
+    info = await (await client.get("/console/api/info", headers=auth("key-b"))).json()
+    assert info["prompts"] is True and info["ring"] is True and info["key"]
+
+
+async def test_the_receiver_refuses_spans_without_the_internal_token(client, receiver_port):
+    ring = client.server.app[RING]
+    before = ring.num_spans
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{receiver_port}") as channel:
+        stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Export(request, metadata=((METADATA_KEY, "x" * 32),))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        await stub.Export(request, metadata=((METADATA_KEY, TOKEN),))
+    assert ring.num_spans == before
+
+
+async def test_the_stack_panel_says_what_it_cannot_reach(client, monkeypatch):
+    response = await client.get("/console/api/stack", headers=auth("key-a"))
+    body = await response.json()
+    assert response.status == 200 and body["schedulers"] == []
+    assert body["gateway"]["requests_in_flight"] == 0
