@@ -8,11 +8,15 @@ Keys live in a TOML keys file as SHA-256 digests, never as plain text:
     requests_per_minute = 60             # 0 or absent: the gateway's default for the limit
     tokens_per_minute = 100000           # prompt plus completion tokens
     max_concurrent = 8                   # streams open at once
+    max_priority = 0                     # highest `priority` it may ask for (default 0)
     models = ["smollm2-135m-instruct"]   # absent: every model
 
 LAYERSERVE_API_KEYS (comma-separated plain keys, for development) adds keys with the default
-limits; they are hashed as they are read. A presented key is hashed and compared with every
-stored digest in constant time, so neither the comparison nor its position in the file leaks.
+limits and max_priority 0; they are hashed as they are read. A key may lower its requests'
+priority (negative values) but raise it only up to its max_priority, so no tenant jumps the
+others' queues unless the operator says so. Without keys every caller may use any priority.
+A presented key is hashed and compared with every stored digest in constant time, so neither
+the comparison nor its position in the file leaks.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
-_KNOWN_FIELDS = frozenset({"name", "sha256", "models", *_LIMIT_FIELDS})
+_KNOWN_FIELDS = frozenset({"name", "sha256", "models", "max_priority", *_LIMIT_FIELDS})
+INT32_MAX = 2**31 - 1  # priority travels as a protobuf int32
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +55,7 @@ class ApiKey:
     digest: str  # hex SHA-256 of the key
     limits: KeyLimits
     models: frozenset[str] | None = None  # None: every model
+    max_priority: int = 0  # the highest priority its requests may ask for
 
     @property
     def tenant(self) -> str:
@@ -60,7 +66,7 @@ class ApiKey:
         return self.models is None or model in self.models
 
 
-ANONYMOUS = ApiKey(name="anonymous", digest="", limits=KeyLimits())
+ANONYMOUS = ApiKey(name="anonymous", digest="", limits=KeyLimits(), max_priority=INT32_MAX)
 
 
 def hash_key(key: str) -> str:
@@ -137,6 +143,11 @@ def _key_entry(path: Path, index: int, entry: object, defaults: KeyLimits) -> Ap
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{where}: {name} must be a non-negative integer")
         limits[name] = value
+    max_priority = entry.get("max_priority", 0)
+    if not isinstance(max_priority, int) or isinstance(max_priority, bool):
+        raise ValueError(f"{where}: max_priority must be an integer")
+    if not 0 <= max_priority <= INT32_MAX:
+        raise ValueError(f"{where}: max_priority must be between 0 and {INT32_MAX}")
     models = entry.get("models")
     if models is not None and (
         not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)
@@ -147,4 +158,5 @@ def _key_entry(path: Path, index: int, entry: object, defaults: KeyLimits) -> Ap
         digest=digest,
         limits=KeyLimits(**limits).or_defaults(defaults),
         models=frozenset(models) if models is not None else None,
+        max_priority=max_priority,
     )

@@ -124,6 +124,38 @@ class GatewayConfig:
         default=_LIMITS.stalled_client_seconds,
         help="a stream whose client takes nothing for this long is cut off and aborted",
     )
+    max_messages: int = setting(
+        "--max-messages",
+        env="MAX_MESSAGES",
+        default=_LIMITS.max_messages,
+        help="messages of one chat request, empty ones included",
+    )
+    max_tools: int = setting(
+        "--max-tools",
+        env="MAX_TOOLS",
+        default=_LIMITS.max_tools,
+        help="tools of one request, and tool calls of one assistant message",
+    )
+    max_content_parts: int = setting(
+        "--max-content-parts",
+        env="MAX_CONTENT_PARTS",
+        default=_LIMITS.max_content_parts,
+        help="parts of one message's content array",
+    )
+    http_idle_timeout_s: float = setting(
+        "--http-idle-timeout-s",
+        env="HTTP_IDLE_TIMEOUT_S",
+        default=_LIMITS.http_idle_timeout_s,
+        help="an HTTP connection without a whole request head this long after it opened or "
+        "after its last response is closed (idle and slow-header connections alike); on the "
+        "gRPC port, the handshake's limit and an idle connection's",
+    )
+    http_body_timeout_s: float = setting(
+        "--http-body-timeout-s",
+        env="HTTP_BODY_TIMEOUT_S",
+        default=_LIMITS.http_body_timeout_s,
+        help="a request body not received whole this long after its head gets 408",
+    )
     send_buffer_bytes: int = setting(  # see listen_socket.py for the default
         "--send-buffer-bytes",
         env="SEND_BUFFER_BYTES",
@@ -164,6 +196,11 @@ class GatewayConfig:
             max_stop_token_ids=self.max_stop_token_ids,
             max_bytes_per_token=self.max_bytes_per_token,
             stalled_client_seconds=self.stalled_client_seconds,
+            max_messages=self.max_messages,
+            max_tools=self.max_tools,
+            max_content_parts=self.max_content_parts,
+            http_idle_timeout_s=self.http_idle_timeout_s,
+            http_body_timeout_s=self.http_body_timeout_s,
         )
 
     @property

@@ -18,17 +18,23 @@ the real count (rate_limiter.py). A key's concurrency is counted across replicas
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from services.common import tracing
-from services.common.errors import NotFound, ResourceExhausted, Unauthenticated, Unavailable
+from services.common.errors import (
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
 from services.gateway.api_keys import ANONYMOUS, ApiKey, KeyRing, bearer_token
 from services.gateway.backend import Backend, GenerationDelta, GenerationRequest, ModelCard
 from services.gateway.concurrency import ConcurrencyLimiter
 from services.gateway.openai_responses import UsageTally
+from services.gateway.prompt_size import estimated_tokens
 from services.gateway.rate_limiter import LocalBuckets, RateLimiter
 from services.gateway.request_metrics import IN_FLIGHT, RATE_LIMITED, ChoiceTimer
 from services.gateway.usage import Usage, UsageLedger
@@ -88,6 +94,7 @@ class FrontDoor:
                 f"The model {model!r} does not exist or you do not have access to it.",
                 param="model",
             )
+        _check_priority(key, requests)
         with tracing.current_child("rate_limit"):
             self._take_place()
             lease = None
@@ -145,25 +152,22 @@ class FrontDoor:
         await self.ledger.record(key.tenant, usage)
 
 
-# Characters per token of ordinary text, to estimate a prompt not tokenized yet; the settlement
-# at the end corrects the estimate either way.
-_CHARS_PER_TOKEN = 4
+def _check_priority(key: ApiKey, requests: list[GenerationRequest]) -> None:
+    """A key may lower its priority, and raise it only up to its max_priority (api_keys.py)."""
+    highest = max((r.priority for r in requests), default=0)
+    if highest > key.max_priority:
+        raise InvalidArgument(
+            f"priority {highest} is over the {key.max_priority} this API key may ask for",
+            param="priority",
+        )
 
 
 def reservation(requests: list[GenerationRequest]) -> int:
-    """What the request may cost at most: its prompt (estimated: it is not tokenized yet) plus
-    every choice's max_tokens."""
+    """What the request may cost at most: its prompt (estimated from everything the model will
+    read: it is not tokenized yet) plus every choice's max_tokens."""
     if not requests:
         return 0
-    first = requests[0]
-    if first.prompt_token_ids is not None:
-        prompt = len(first.prompt_token_ids)
-    else:
-        texts = [m.content for m in first.messages] if first.messages else [first.prompt or ""]
-        prompt = math.ceil(sum(map(len, texts)) / _CHARS_PER_TOKEN)
-        if first.max_prompt_tokens:
-            prompt = min(prompt, first.max_prompt_tokens)
-    return prompt + sum(r.max_tokens for r in requests)
+    return estimated_tokens(requests[0]) + sum(r.max_tokens for r in requests)
 
 
 class _MeteredBackend:

@@ -31,6 +31,7 @@ from services.gateway.choice_streams import ChoiceStreams, ClientStalled, coales
 from services.gateway.front_door import FrontDoor
 from services.gateway.grammar_check import check_grammars
 from services.gateway.prompt_guard import PromptGuard
+from services.gateway.prompt_size import check_count
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
 from services.gateway.request_metrics import count_error, error_code
 from services.gateway.request_validator import default_max_tokens, validate_request
@@ -44,9 +45,17 @@ def public_server(
     limits: RequestLimits, interceptors: list[grpc.aio.ServerInterceptor]
 ) -> grpc.aio.Server:
     """The public gRPC server: it takes no message larger than an HTTP body may be, so a
-    20 MB prompt is refused by gRPC itself (RESOURCE_EXHAUSTED) before anything reads it."""
+    20 MB prompt is refused by gRPC itself (RESOURCE_EXHAUSTED) before anything reads it; a
+    compressed message too (gRPC checks the size it inflates to). As at the HTTP door, a
+    connection gets http_idle_timeout_s to finish its handshake and is closed (GOAWAY) when
+    it has had no call for as long."""
+    idle_ms = round(limits.http_idle_timeout_s * 1000)
     options = [(k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"]
-    options.append(("grpc.max_receive_message_length", limits.max_body_bytes))
+    options += [
+        ("grpc.max_receive_message_length", limits.max_body_bytes),
+        ("grpc.server_handshake_timeout_ms", idle_ms),
+        ("grpc.max_connection_idle_ms", idle_ms),
+    ]
     server = grpc.aio.server(options=options, interceptors=interceptors)
     # Reflection: grpcurl and friends list and call the API without the .proto files.
     names = (
@@ -79,6 +88,7 @@ def request_from_proto(
     if which == "prompt":
         req.prompt = msg.prompt
     elif which == "chat":
+        _check_counts(msg, limits)  # before anything is built from them
         req.messages = [_message(m) for m in msg.chat.messages]
     else:
         raise InvalidArgument("prompt or chat is required", param="prompt")
@@ -89,6 +99,13 @@ def request_from_proto(
         req.max_tokens = default_max_tokens(1, limits)
         req.max_tokens_is_cap = True
     return req
+
+
+def _check_counts(msg: gateway_pb2.GenerateRequest, limits: RequestLimits) -> None:
+    check_count(len(msg.chat.messages), limits.max_messages, "messages")
+    check_count(len(msg.tools), limits.max_tools, "tools")
+    for i, m in enumerate(msg.chat.messages):
+        check_count(len(m.tool_calls), limits.max_tools, f"messages[{i}].tool_calls")
 
 
 _TOOL_CHOICE = {

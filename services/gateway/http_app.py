@@ -35,6 +35,7 @@ from services.gateway.backend import Backend, ModelCard
 from services.gateway.console_routes import PAGE_PATHS, add_console_routes
 from services.gateway.front_door import FrontDoor
 from services.gateway.grammar_check import check_grammars
+from services.gateway.http_body import connection_options, read_body
 from services.gateway.http_generation import ChunkRenderer, Renderer, respond_full, respond_stream
 from services.gateway.http_json import (
     error_body,
@@ -109,7 +110,11 @@ def create_app(
     ]
     if lifecycle is not None:
         middlewares.append(lifecycle.middleware)
-    app = web.Application(middlewares=middlewares, client_max_size=limits.max_body_bytes)
+    app = web.Application(
+        middlewares=middlewares,
+        client_max_size=limits.max_body_bytes,
+        handler_args=connection_options(limits),  # idle and slow connections: http_body.py
+    )
     if lifecycle is not None:
         app[LIFECYCLE] = lifecycle
     app[BACKEND] = backend
@@ -236,7 +241,8 @@ def _api(handler: ApiHandler) -> Handler:
 
 async def _json_body(request: web.Request) -> dict:
     _require_json(request)
-    return parse_json_body(await request.read())
+    # Read within the body timeout, inflated here (never by aiohttp): http_body.py.
+    return parse_json_body(await read_body(request, request.app[LIMITS]))
 
 
 async def _serve(

@@ -77,7 +77,9 @@ def http_exception_response(exc: web.HTTPException) -> web.Response:
     elif isinstance(exc, web.HTTPMethodNotAllowed):
         allowed = ", ".join(sorted(exc.allowed_methods))
         message = f"method {exc.method} is not allowed here; allowed: {allowed}"
-    elif isinstance(exc, web.HTTPRequestEntityTooLarge | web.HTTPUnsupportedMediaType):
+    elif isinstance(
+        exc, web.HTTPRequestEntityTooLarge | web.HTTPUnsupportedMediaType | web.HTTPRequestTimeout
+    ):
         message = exc.text or exc.reason  # "Maximum request body size N exceeded, ..."
     else:
         message = exc.reason

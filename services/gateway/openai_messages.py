@@ -1,5 +1,6 @@
 """Chat `messages` -> ChatMessages, content flattened to text. Only JSON shapes are checked here;
-roles and sizes are request_validator.py's, for the gRPC front end too."""
+roles and sizes are request_validator.py's, for the gRPC front end too. The counts of messages,
+content parts and tool calls are checked before anything is built from them."""
 
 from __future__ import annotations
 
@@ -8,29 +9,32 @@ from typing import Any
 from services.common.errors import InvalidArgument
 from services.gateway.backend import ChatMessage, ToolCall
 from services.gateway.log_text import excerpt
+from services.gateway.prompt_size import check_count
+from services.gateway.request_limits import RequestLimits
 
 # Texts of a multi-part content are joined the way vLLM joins them.
 _PART_SEPARATOR = "\n"
 
 
-def parse_messages(value: Any) -> list[ChatMessage]:
+def parse_messages(value: Any, limits: RequestLimits) -> list[ChatMessage]:
     if value is None:
         raise InvalidArgument("messages is required", param="messages")
     if not isinstance(value, list):
         raise InvalidArgument("messages must be a non-empty array", param="messages")
-    return [_parse_message(m, f"messages[{i}]") for i, m in enumerate(value)]
+    check_count(len(value), limits.max_messages, "messages")
+    return [_parse_message(m, f"messages[{i}]", limits) for i, m in enumerate(value)]
 
 
-def _parse_message(message: Any, param: str) -> ChatMessage:
+def _parse_message(message: Any, param: str, limits: RequestLimits) -> ChatMessage:
     if not isinstance(message, dict):
         raise InvalidArgument(f"{param} must be an object", param=param)
     role = message.get("role")
     if not isinstance(role, str):
         raise InvalidArgument(f"{param}.role must be a string", param=f"{param}.role")
-    tool_calls = _tool_calls(message.get("tool_calls"), f"{param}.tool_calls")
+    tool_calls = _tool_calls(message.get("tool_calls"), f"{param}.tool_calls", limits)
     # An assistant turn that only called tools has null content, as OpenAI returns it.
     content_role = "assistant" if tool_calls else role
-    content = _content_text(message.get("content"), content_role, f"{param}.content")
+    content = _content_text(message.get("content"), content_role, f"{param}.content", limits)
     return ChatMessage(
         role=role,
         content=content,
@@ -49,12 +53,13 @@ def _optional_str(message: dict, key: str, param: str) -> str:
     return value
 
 
-def _tool_calls(value: Any, param: str) -> list[ToolCall]:
+def _tool_calls(value: Any, param: str, limits: RequestLimits) -> list[ToolCall]:
     """An assistant turn's `tool_calls`, as a response returned them."""
     if value is None:
         return []
     if not isinstance(value, list):
         raise InvalidArgument(f"{param} must be an array", param=param)
+    check_count(len(value), limits.max_tools, param)
     calls = []
     for i, call in enumerate(value):
         function = call.get("function") if isinstance(call, dict) else None
@@ -70,7 +75,7 @@ def _tool_calls(value: Any, param: str) -> list[ToolCall]:
     return calls
 
 
-def _content_text(content: Any, role: str, param: str) -> str:
+def _content_text(content: Any, role: str, param: str, limits: RequestLimits) -> str:
     if isinstance(content, str):
         return content
     if content is None:
@@ -80,6 +85,7 @@ def _content_text(content: Any, role: str, param: str) -> str:
         raise InvalidArgument(f"{param} is required", param=param)
     if not isinstance(content, list):
         raise InvalidArgument(f"{param} must be a string or an array of parts", param=param)
+    check_count(len(content), limits.max_content_parts, param)
     return _PART_SEPARATOR.join(_part_text(p, f"{param}[{i}]") for i, p in enumerate(content))
 
 

@@ -115,9 +115,9 @@ def parse_chat_request(
     request_id: str,
 ) -> ParsedRequest:
     template = _template(body, _chat_logprobs(body), trace_context, limits)
-    template.messages = parse_messages(body.get("messages"))
+    template.messages = parse_messages(body.get("messages"), limits)
     _reject_unsupported_chat_features(body)
-    parse_tools(body, template)
+    parse_tools(body, template, limits)
     template.add_generation_prompt = get_bool(body, "add_generation_prompt", True)
     # max_completion_tokens replaced max_tokens in OpenAI's chat API; the newer name wins.
     param = "max_completion_tokens"

@@ -12,16 +12,19 @@ from services.common.errors import InvalidArgument
 from services.gateway.backend import GenerationRequest, Tool
 from services.gateway.openai_fields import JsonObject, get_bool
 from services.gateway.openai_structured import schema_text
+from services.gateway.prompt_size import check_count
+from services.gateway.request_limits import RequestLimits
 
 _CHOICES = ("none", "auto", "required")
 
 
-def parse_tools(body: JsonObject, request: GenerationRequest) -> None:
+def parse_tools(body: JsonObject, request: GenerationRequest, limits: RequestLimits) -> None:
     """Fills request.tools, tool_choice, tool_choice_function and parallel_tool_calls."""
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list):
             raise InvalidArgument("tools must be an array", param="tools")
+        check_count(len(tools), limits.max_tools, "tools")
         request.tools = [_tool(t, f"tools[{i}]") for i, t in enumerate(tools)]
     request.tool_choice, request.tool_choice_function = _tool_choice(body.get("tool_choice"))
     request.parallel_tool_calls = get_bool(body, "parallel_tool_calls", True)

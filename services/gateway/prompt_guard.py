@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 
 from services.gateway.backend import Backend, GenerationRequest
+from services.gateway.prompt_size import check_prompt_size, pieces, prompt_texts
 from services.gateway.request_limits import RequestLimits
-from services.gateway.request_validator import check_prompt_bytes
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +37,16 @@ class PromptGuard:
         self._fetched = -float("inf")
 
     async def check(self, request: GenerationRequest) -> None:
-        """Raises InvalidArgument when the prompt's bytes cannot fit the model's context."""
+        """Raises InvalidArgument when the prompt's bytes (tools and tool calls included)
+        cannot fit the model's context."""
         if self._limits.max_prompt_tokens or request.prompt_token_ids is not None:
             return  # checked while parsing, exactly
-        if request.messages is not None:
-            texts, param = [m.content for m in request.messages], "messages"
-        else:
-            texts, param = [request.prompt or ""], "prompt"
-        if sum(map(len, texts)) <= self._limits.max_bytes_per_token:
+        per_token = self._limits.max_bytes_per_token
+        if sum(map(len, prompt_texts(request))) + pieces(request) * per_token <= per_token:
             return  # fits any context of at least one token
         context = await self._context_length(request.model)
         if context:
-            check_prompt_bytes(texts, context, self._limits.max_bytes_per_token, param)
+            check_prompt_size(request, context, self._limits)
 
     async def _context_length(self, model: str) -> int:
         """The model's max_model_len; 0 when unknown (an alias, the stack unreachable)."""

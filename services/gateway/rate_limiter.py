@@ -4,12 +4,14 @@ With Redis, the buckets live there and one Lua script updates them atomically on
 clock, so every gateway replica shares one limit. Without Redis, each replica keeps its own
 buckets (the same arithmetic, in-process) and the limit is per replica.
 
-A request is admitted while the key's token bucket is not in debt, and admission takes what
-the request may cost at most from the bucket at once, atomically: its prompt (estimated) plus
+A request is admitted when the key's token bucket holds what the request may cost at most,
+and admission takes it from the bucket at once, atomically: its prompt (estimated) plus
 n x max_tokens. When it ends, the real count is settled: what it did not use goes back, what the
-prompt estimate missed is taken. So concurrent requests cannot all start on one full bucket:
-a key overspends its limit by at most one request's reservation, and then waits until the
-bucket refills past zero.
+prompt estimate missed is taken (the bucket may then be in debt, by the estimate's miss, and
+the key waits until it refills). So concurrent requests cannot all start on one full bucket,
+and a key spends no more than its budget. A request whose reservation alone is over the key's
+tokens per minute is refused outright (429, "Request too large", as OpenAI does): waiting would
+never make it fit.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 
 # KEYS: the request bucket, the token bucket. ARGV: request capacity, token capacity (per
 # minute; 0 = unlimited), tokens to reserve. Returns {1, 0} when admitted (one request and the
-# reservation taken), else {0, ms to wait}.
+# reservation taken), else {0, ms until the bucket holds the reservation}.
 _ADMIT_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -45,7 +47,8 @@ end
 local tk
 if tcap > 0 then
   tk = level(KEYS[2], tcap)
-  if tk <= 0 then return {0, math.ceil((1 - tk) * 60000 / tcap)} end
+  local need = math.max(tonumber(ARGV[3]), 1)
+  if tk <= 0 or tk < tonumber(ARGV[3]) then return {0, math.ceil((need - tk) * 60000 / tcap)} end
 end
 if rcap > 0 then
   redis.call('HSET', KEYS[1], 'level', r - 1, 'ts', now)
@@ -60,7 +63,7 @@ return {1, 0}
 """
 
 # KEYS: the token bucket. ARGV: capacity per minute, tokens to take (negative: to give back).
-# No floor: admission needs a bucket out of debt, so the debt is at most one request's cost.
+# No floor: a settlement takes what the prompt estimate missed even into debt.
 _SETTLE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -139,8 +142,8 @@ class LocalBuckets:
         if requests is not None and requests.level < 1:
             return (1 - requests.level) * 60 / rpm
         tokens = self._bucket(tenant, "tokens", tpm) if tpm else None
-        if tokens is not None and tokens.level <= 0:
-            return (1 - tokens.level) * 60 / tpm
+        if tokens is not None and (tokens.level <= 0 or tokens.level < reserve):
+            return (max(reserve, 1) - tokens.level) * 60 / tpm
         if requests is not None:
             requests.level -= 1
         if tokens is not None:
@@ -173,6 +176,10 @@ class RateLimiter:
         if not (limits.requests_per_minute or limits.tokens_per_minute):
             return 0
         reserve = reserve if limits.tokens_per_minute else 0
+        if reserve > limits.tokens_per_minute > 0:
+            error = ResourceExhausted(_too_large_message(key, limits, reserve))
+            error.retry_after = None  # no Retry-After: waiting never makes it fit
+            raise error
         try:
             wait = await self._buckets.admit(key.tenant, limits, reserve)
         except Exception as err:  # redis.RedisError, OSError, timeouts
@@ -208,6 +215,14 @@ class RateLimiter:
         if self._failing:
             log.warning("rate limiter reaches Redis again")
         self._failing = False
+
+
+def _too_large_message(key: ApiKey, limits: KeyLimits, reserve: int) -> str:
+    return (
+        f"Request too large for API key {key.name!r} on tokens per minute: limit "
+        f"{limits.tokens_per_minute}, requested {reserve} (the prompt, estimated, plus n x "
+        "max_tokens); lower max_tokens or shorten the prompt"
+    )
 
 
 def _over_limit_message(key: ApiKey, limits: KeyLimits) -> str:

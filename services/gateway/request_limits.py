@@ -29,6 +29,16 @@ class RequestLimits:
     max_bytes_per_token: int = DEFAULT_MAX_BYTES_PER_TOKEN
     # A stream whose client has not taken a chunk for this long is cut off and aborted.
     stalled_client_seconds: float = 30.0
+    # Counts of a chat request's parts, bounded before anything is built from them: each one
+    # costs the gateway objects and the template tokens even when it holds no text.
+    max_messages: int = 2048
+    max_tools: int = 128  # also the tool calls of one assistant turn (OpenAI caps tools at 128)
+    max_content_parts: int = 256  # parts of one message's content array
+    # The HTTP door: a connection that has not sent a whole request head this long after it
+    # opened (or after its previous response) is closed, an idle keep-alive one as a slow one;
+    # a body not received whole within body_timeout_s of its head is a 408.
+    http_idle_timeout_s: float = 5.0
+    http_body_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -40,14 +50,18 @@ class RequestLimits:
             "max_stop_length",
             "max_stop_token_ids",
             "max_bytes_per_token",
+            "max_messages",
+            "max_tools",
+            "max_content_parts",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         for name in ("max_prompt_tokens", "max_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 (no limit) or positive")
-        if not self.stalled_client_seconds > 0:
-            raise ValueError("stalled_client_seconds must be positive")
+        for name in ("stalled_client_seconds", "http_idle_timeout_s", "http_body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
 
 
 DEFAULT_LIMITS = RequestLimits()

@@ -16,6 +16,7 @@ import re
 from services.common.errors import InvalidArgument
 from services.gateway.backend import ChatMessage, GenerationRequest
 from services.gateway.log_text import excerpt
+from services.gateway.prompt_size import check_counts, check_prompt_size
 from services.gateway.request_limits import RequestLimits
 from services.gateway.tool_calling import check_tools
 
@@ -90,10 +91,9 @@ def check_max_tokens(value: int, limits: RequestLimits, param: str) -> None:
 
 
 def _check_input(request: GenerationRequest, limits: RequestLimits) -> None:
+    check_counts(request, limits)
     if request.messages is not None:
         _check_messages(request.messages)
-        texts = [m.content for m in request.messages]
-        param = "messages"
     elif request.prompt_token_ids is not None:
         ids = request.prompt_token_ids
         if not ids:
@@ -105,36 +105,10 @@ def _check_input(request: GenerationRequest, limits: RequestLimits) -> None:
                 param="prompt",
             )
         return
-    else:
-        if not request.prompt:
-            raise InvalidArgument("prompt must not be empty", param="prompt")
-        texts = [request.prompt]
-        param = "prompt"
-    if limits.max_prompt_tokens:
-        check_prompt_bytes(texts, limits.max_prompt_tokens, limits.max_bytes_per_token, param)
-
-
-def check_prompt_bytes(
-    texts: list[str], max_prompt_tokens: int, max_bytes_per_token: int, param: str
-) -> None:
-    """Refuses, before any tokenizing, a prompt whose bytes cannot fit max_prompt_tokens: no
-    token covers more than max_bytes_per_token bytes (request_limits.py says why), so B bytes
-    need at least B / max_bytes_per_token tokens. A chat template only adds to the text."""
-    bound = max_prompt_tokens * max_bytes_per_token
-    size = 0
-    for text in texts:
-        # A character is 1 to 4 bytes: encode only when the length alone cannot decide.
-        size += len(text) if len(text) > bound or 4 * len(text) <= bound else _utf8_len(text)
-        if size > bound:
-            raise InvalidArgument(
-                f"the prompt is over {bound} bytes, more than {max_prompt_tokens} tokens can "
-                f"hold; this server accepts at most {max_prompt_tokens} prompt tokens",
-                param=param,
-            )
-
-
-def _utf8_len(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
+    elif not request.prompt:
+        raise InvalidArgument("prompt must not be empty", param="prompt")
+    if limits.max_prompt_tokens:  # tools and tool calls count: prompt_size.py
+        check_prompt_size(request, limits.max_prompt_tokens, limits)
 
 
 def _check_messages(messages: list[ChatMessage]) -> None:

@@ -70,3 +70,17 @@ def test_the_gateway_refuses_to_start_on_a_bad_keys_file(tmp_path):
     )
     assert result.returncode == 2
     assert "sha256 must be 64 hex digits" in result.stderr
+
+
+def test_max_priority_defaults_to_0_and_is_checked(tmp_path):
+    path = tmp_path / "keys.toml"
+    stanza = '[[keys]]\nname = "{}"\nsha256 = "{}"\n'
+    path.write_text(
+        stanza.format("a", hash_key("a")) + stanza.format("b", hash_key("b")) + "max_priority = 5\n"
+    )
+    ring = load_key_ring(["env"], str(path), DEFAULTS)
+    assert [ring.find(k).max_priority for k in ("env", "a", "b")] == [0, 0, 5]
+    for bad in ("-1", "true", "2147483648", '"5"'):
+        path.write_text(stanza.format("a", hash_key("a")) + f"max_priority = {bad}\n")
+        with pytest.raises(ValueError, match="max_priority"):
+            read_keys_file(path, DEFAULTS)

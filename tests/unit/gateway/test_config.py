@@ -106,3 +106,16 @@ def test_a_config_built_directly_is_checked_too() -> None:
         GatewayConfig(max_n=0)
     with pytest.raises(ValueError, match="^--rate-limit-on-redis-failure must be"):
         GatewayConfig(rate_limit_on_redis_failure="ajar")
+
+
+def test_the_doors_counts_and_timeouts(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setenv("LAYERSERVE_MAX_MESSAGES", "10")
+    monkeypatch.setenv("LAYERSERVE_HTTP_IDLE_TIMEOUT_S", "2.5")
+    config = GatewayConfig.from_args(["--max-tools", "3", "--http-body-timeout-s", "7"])
+    limits = config.limits
+    assert (limits.max_messages, limits.max_tools, limits.max_content_parts) == (10, 3, 256)
+    assert (limits.http_idle_timeout_s, limits.http_body_timeout_s) == (2.5, 7.0)
+    assert "max_content_parts must be at least 1" in _refused(["--max-content-parts", "0"], capsys)
+    assert "http_idle_timeout_s must be positive" in _refused(
+        ["--http-idle-timeout-s", "0"], capsys
+    )

@@ -46,12 +46,14 @@ async def test_a_key_over_its_request_rate_gets_429_with_retry_after():
 
 
 async def test_a_key_over_its_token_rate_waits_until_the_bucket_refills():
-    door = front_door("k1", limits=KeyLimits(tokens_per_minute=5))
+    # A request reserves 7 (4 estimated prompt tokens + max_tokens 3) and uses 6 (3 + 3): the
+    # second finds 1 token in the bucket, not the 7 it needs.
+    door = front_door("k1", limits=KeyLimits(tokens_per_minute=7))
     async with TestClient(TestServer(create_app(EchoBackend(), front_door=door))) as client:
-        assert (await post(client, "k1")).status == 200  # 3 prompt + 3 completion tokens
+        assert (await post(client, "k1")).status == 200
         response = await post(client, "k1")
-        await refused(response, 429, "5 tokens per minute")
-        assert int(response.headers["Retry-After"]) >= 12  # 1 token in debt at 1 per 12 s
+        await refused(response, 429, "7 tokens per minute")
+        assert int(response.headers["Retry-After"]) >= 12  # 6 tokens more at 7 a minute
 
 
 async def test_concurrent_streams_per_key_are_bounded():

@@ -37,12 +37,14 @@ def _request(max_tokens: int, prompt: str = "a b c") -> GenerationRequest:
 
 
 async def _two_at_once(door: FrontDoor, key: ApiKey) -> list[str]:
-    """Row 1's probe: two concurrent requests of max_tokens 8000 on one key."""
+    """Row 1's probe: two concurrent requests on one key of 1,000 tokens per minute, each of
+    max_tokens 600 (8000, over the whole budget, is now refused outright:
+    test_hostile_door.py)."""
     backend = EchoBackend()
     outcomes = []
 
     async def one() -> None:
-        request = _request(8000)
+        request = _request(600)
         request.ignore_eos = True
         try:
             async with door.admit(key, MODEL, backend, [request]) as metered:
@@ -58,8 +60,9 @@ async def _two_at_once(door: FrontDoor, key: ApiKey) -> list[str]:
 
 @pytest.mark.parametrize("where", ["local", "redis"])
 async def test_a_token_limit_holds_within_one_requests_reservation(where, request):
-    """tokens_per_minute=1000, max_concurrent=2, two requests of max_tokens 8000 at once: was
-    both 200 (16,000 tokens); now the first reserves 8,000+ and the second is refused."""
+    """tokens_per_minute=1000, max_concurrent=2, two requests of max_tokens 8000 at once were
+    both 200 (16,000 tokens). Now a request is admitted only while the bucket holds its
+    reservation: of two of 600, the first takes 602 and the second is refused."""
     plain, key = _key(KeyLimits(tokens_per_minute=1000, max_concurrent=2))
     if where == "redis":
         redis = Redis.from_url(request.getfixturevalue("redis_url"))
@@ -70,8 +73,8 @@ async def test_a_token_limit_holds_within_one_requests_reservation(where, reques
     door = FrontDoor(KeyRing([key]), limiter)
     assert await _two_at_once(door, key) == ["429", "ok"]
     with pytest.raises(ResourceExhausted, match="1000 tokens per minute"):
-        async with door.admit(key, MODEL, EchoBackend(), [_request(1)]):
-            pass  # 8,000 tokens spent on a 1,000 per minute budget: the key waits
+        async with door.admit(key, MODEL, EchoBackend(), [_request(600)]):
+            pass  # 603 of 1,000 tokens spent: another 602 do not fit before a refill
 
 
 async def test_unused_reservation_is_given_back():
