@@ -31,11 +31,11 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -e '.[test,bench]'
 	touch $@
 
-# The C++ CPU attention (services/worker/engine/csrc/, issue 18), compiled with torch's
+# The C++ CPU attention (services/worker/layers/csrc/, issue 18), compiled with torch's
 # extension tooling into build/cpu_attention/ once per source, torch and CPU (~30 s on 2 cores);
 # a no-op when built. Without it the worker falls back to torch ops with a warning.
 cpu-attention: $(VENV)/.installed
-	$(PY) -m services.worker.engine.cpu_attention_ext
+	$(PY) -m services.worker.layers.cpu_attention_ext
 
 install: $(VENV)/.installed cpu-attention
 

@@ -19,14 +19,17 @@ from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Sample, Scheduler, SchedulerLimits
-from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.engine.model_runner import ModelRunner
+from services.worker.layers.attention_backends import torch_backend
+from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.loader import default_path, load_model
 
 
 def run(loaded, budget: int, long_len: int, decoders: int, seed: int = 0) -> dict:
     cache = PagedKVCache(loaded.config, 2048, 16, torch.float32, torch.device("cpu"))
-    runner = ModelRunner(loaded, cache, max_model_len=8192, model_name="bench")
+    runner = ModelRunner(
+        loaded, cache, max_model_len=8192, model_name="bench", backend=torch_backend()
+    )
     kv = KVCacheManager(BlockPool(runner.num_blocks), runner.block_size)
     sched = Scheduler(SchedulerLimits(budget, 64), kv, 8192, frozenset())
     rng = random.Random(seed)

@@ -10,7 +10,7 @@ Two tables, both with the two backends interleaved (so both see the same machine
 - decode step: the real SmolLM2 forward + logits at 64 x 1k and 8 x 2k context (the KV cache
   is left as zeros: attention's cost does not depend on the values), attention timed inside
   the step: its share is what issue 18's goal (<= 25% at 64 x 1k) is about.
-Needs the extension (make install, or python -m services.worker.engine.cpu_attention_ext).
+Needs the extension (make install, or python -m services.worker.layers.cpu_attention_ext).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.machine import ceilings, load_average
-from services.worker.engine import cpu_attention_ext
-from services.worker.engine.attention import StepAttention
-from services.worker.engine.cpu_attention import CpuAttention
-from services.worker.engine.kv_cache import PagedKVCache
-from services.worker.engine.torch_attention import TorchAttention
+from services.worker.layers import cpu_attention_ext
+from services.worker.layers.attention import StepAttention
+from services.worker.layers.cpu_attention import CpuAttention
+from services.worker.layers.kv_cache import PagedKVCache
+from services.worker.layers.torch_attention import TorchAttention
 from services.worker.model.config import LlamaConfig
 
 BLOCK_SIZE = 16
@@ -179,7 +179,7 @@ def main() -> None:
     args = parser.parse_args()
     if not cpu_attention_ext.load():
         raise SystemExit(
-            "the extension is not built: python -m services.worker.engine.cpu_attention_ext"
+            "the extension is not built: python -m services.worker.layers.cpu_attention_ext"
         )
     torch.set_num_threads(args.threads)
     if args.clock == "wall" or args.threads > 1:

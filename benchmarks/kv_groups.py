@@ -24,7 +24,7 @@ from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request
 from services.scheduler.scheduler import Sample, Scheduler, SchedulerLimits
-from services.worker.engine.kv_cache import KVCacheGroup, kv_cache_groups, num_blocks_for_bytes
+from services.worker.layers.kv_cache import KVCacheGroup, kv_cache_groups, num_blocks_for_bytes
 from services.worker.model import registry
 from services.worker.model.config import LlamaConfig
 from services.worker.model.packaged import packaged_path

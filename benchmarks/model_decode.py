@@ -85,8 +85,9 @@ def runner_from(
     """The worker's ModelRunner over our LlamaModel holding `hf`'s weights (or random ones);
     decode steps of up to graph_max_batch sequences replay CUDA graphs (0: eager), once the
     caller has captured them (runner.capture_decode_graphs())."""
-    from services.worker.engine.kv_cache import PagedKVCache
     from services.worker.engine.model_runner import ModelRunner
+    from services.worker.layers.attention_backends import choose_attention_backend
+    from services.worker.layers.kv_cache import PagedKVCache
     from services.worker.model.llama import LlamaModel
     from services.worker.model.loaded import LoadedModel
 
@@ -105,8 +106,9 @@ def runner_from(
     model.eval()
     loaded = LoadedModel(config=config, model=model, fingerprint="random", path=Path("random"))
     cache = PagedKVCache(config, need, BLOCK_SIZE, dtype, torch.device(device))
+    backend = choose_attention_backend(kernels, torch.device(device), config.head_dim)
     return ModelRunner(
-        loaded, cache, max_model_len=MAX_POSITIONS, model_name="random", kernels=kernels,
+        loaded, cache, max_model_len=MAX_POSITIONS, model_name="random", backend=backend,
         cuda_graph_max_batch=graph_max_batch,
     )  # fmt: skip
 

@@ -16,9 +16,10 @@ from services.scheduler.request import Request
 from services.scheduler.result_applier import RequestUpdate
 from services.scheduler.scheduler import Sample, ScheduledStep, Scheduler, SchedulerLimits
 from services.scheduler.spec_decode import Proposer
-from services.worker.engine.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.plan import NewSequence, RunningSequence, Sampled, StepPlan
+from services.worker.layers.attention_backends import choose_attention_backend
+from services.worker.layers.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.model.loader import LoadedModel
 
 MODEL = "smollm2-135m-instruct"
@@ -31,9 +32,9 @@ def make_runner(loaded: LoadedModel, num_blocks: int) -> ModelRunner:
     weight = loaded.model.embed_tokens
     groups = kv_cache_groups(loaded.config)
     cache = PagedKVCache(loaded.config, num_blocks, BLOCK_SIZE, weight.dtype, weight.device, groups)
-    return ModelRunner(
-        loaded, cache, max_model_len=loaded.config.max_position_embeddings, model_name=MODEL
-    )
+    backend = choose_attention_backend("auto", weight.device, loaded.config.head_dim)
+    limit = loaded.config.max_position_embeddings
+    return ModelRunner(loaded, cache, max_model_len=limit, model_name=MODEL, backend=backend)
 
 
 def make_engine(

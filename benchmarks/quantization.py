@@ -32,12 +32,14 @@ import torch.nn.functional as F
 
 from benchmarks.machine import load_average, machine
 from services.tokenizer.loader import load_tokenizer
-from services.worker.engine.attention import StepAttention
-from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.plan import NewSequence, RunningSequence, StepPlan
+from services.worker.layers.attention import StepAttention
+from services.worker.layers.attention_backends import torch_backend
+from services.worker.layers.int8_weight import ByRows, Int8Weight, int8_kernel
+from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.loader import LoadedModel, default_path, load_model
-from services.worker.model.quant import Int8Weight, default_kernel, quantize_loaded, weight_bytes
+from services.worker.model.quant import quantize_loaded, weight_bytes
 
 TEXT = Path(__file__).parent / "data" / "public_domain.txt"
 BLOCK_SIZE = 16
@@ -84,7 +86,9 @@ class StaticBatch:
         dtype = loaded.model.embed_tokens.dtype
         per_seq = -(-(max(map(len, prompts)) + max_new) // BLOCK_SIZE)
         cache = PagedKVCache(loaded.config, per_seq * len(prompts), BLOCK_SIZE, dtype, CPU)
-        self.runner = ModelRunner(loaded, cache, max_model_len=4096, model_name="bench")
+        self.runner = ModelRunner(
+            loaded, cache, max_model_len=4096, model_name="bench", backend=torch_backend()
+        )
         self.ids = [f"s{i}" for i in range(len(prompts))]
         new = [
             NewSequence(rid, p, len(p), 0, len(p), [list(range(i * per_seq, (i + 1) * per_seq))])
@@ -168,7 +172,13 @@ def _prefix(a: list[int], b: list[int]) -> int:
 def set_kernel(loaded: LoadedModel, kernel: str) -> None:
     for buffer in loaded.model.buffers():
         if isinstance(buffer, Int8Weight):
-            buffer.kernel = kernel
+            buffer.kernel = int8_kernel(kernel, buffer.device, buffer.dtype)
+
+
+def batch_one_kernel(dtype: torch.dtype) -> str:
+    """The kernel "auto" runs on the CPU for one activation row of `dtype`."""
+    kernel = int8_kernel("auto", CPU, dtype)
+    return (kernel.small if isinstance(kernel, ByRows) else kernel).name
 
 
 def variants(base: LoadedModel) -> Iterator[tuple[str, LoadedModel, bool]]:
@@ -204,12 +214,12 @@ def run(args: argparse.Namespace) -> list[Result]:
         reference = reference or measured
         quantized = any(isinstance(b, Int8Weight) for b in loaded.model.buffers())
         dtype = loaded.model.embed_tokens.dtype
-        # "auto" picks per call by the batch (quant.default_kernel); each kernel alone besides.
+        # "auto" picks per call by the batch (int8_weight.ByRows); each kernel alone besides.
         others = sorted({"dequant", "int8pack"}) if both_kernels else []
         kernels = ["auto", *others] if quantized else ["-"]
         for kernel in kernels:
             # A kernel the worker would not pick at batch 1 can be 30x slower: fewer steps.
-            default = default_kernel(CPU, dtype)
+            default = batch_one_kernel(dtype)
             steps = args.steps if kernel in ("auto", default, "-") else args.other_kernel_steps
             speeds = {b: decode_tok_s(loaded, b, steps, args.reps, kernel) for b in args.batches}
             label = f"{kernel} (default)" if quantized and kernel == "auto" else kernel

@@ -1,5 +1,5 @@
 """The torch path's non-matmul ops of one Llama layer: the references (torch_attention.py), the
-fewer-op versions the worker runs (engine/torch_ops.py), and the same under torch.compile.
+fewer-op versions the worker runs (layers/torch_ops.py), and the same under torch.compile.
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.torch_ops [--tokens 1 16]
 
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.machine import load_average, machine
-from services.worker.engine import torch_attention as reference
-from services.worker.engine import torch_ops
+from services.worker.layers import torch_attention as reference
+from services.worker.layers import torch_ops
 
 D, H, HKV, HEAD, FFN, POSITIONS = 576, 9, 3, 64, 1536, 2048
 

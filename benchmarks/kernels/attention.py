@@ -60,8 +60,8 @@ def paged(batch: int, context: int, head_dim: int, dtype: torch.dtype, device: s
 
 
 def decode_row(batch: int, context: int, head_dim: int, dtype: torch.dtype, args) -> tuple:
-    from services.worker.engine.kv_cache import gather_blocks
     from services.worker.kernels.decode_attention import decode_attention
+    from services.worker.layers.kv_cache import gather_blocks
 
     device = "cpu" if args.dry_run else "cuda"
     if context % BLOCK_SIZE:

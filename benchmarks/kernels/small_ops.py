@@ -87,8 +87,8 @@ def cases(shape: ModelShape, tokens: int, dtype: torch.dtype, device: str) -> li
 
 
 def _rope_case(shape: ModelShape, tokens: int, dtype: torch.dtype, device: str) -> Case:
-    from services.worker.engine.torch_attention import apply_rotary
     from services.worker.kernels.rope import apply_rope, rope_cos_sin
+    from services.worker.layers.torch_attention import apply_rotary
 
     q = torch.randn(tokens, shape.heads, shape.head_dim, device=device, dtype=dtype)
     k = torch.randn(tokens, shape.kv_heads, shape.head_dim, device=device, dtype=dtype)

@@ -1,16 +1,16 @@
 """The kernels take the worker's AttentionMetadata as it is and agree with its torch path.
 
-This is the seam they will be wired into (services/worker/engine/attention.py: paged_attention): one
+This is the seam they will be wired into (services/worker/layers/attention.py: paged_attention): one
 flattened step mixing decodes and prefill chunks, some continuing a cached prefix."""
 
 from __future__ import annotations
 
 import torch
 
-from services.worker.engine.attention_metadata import AttentionMetadata
-from services.worker.engine.torch_attention import TorchAttention
 from services.worker.kernels.decode_attention import decode_attention
 from services.worker.kernels.prefill_attention import prefill_attention
+from services.worker.layers.attention_metadata import AttentionMetadata
+from services.worker.layers.torch_attention import TorchAttention
 from tests.kernels.attention_cases import DEVICE, assert_close
 
 TORCH = TorchAttention()

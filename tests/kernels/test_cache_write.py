@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.kernels.cache_write import write_kv_cache, write_kv_cache_ref
+from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.config import LlamaConfig
 from tests.kernels.small_ops_cases import DEVICE_DTYPES
 

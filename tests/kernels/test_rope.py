@@ -1,14 +1,14 @@
-"""apply_rope against the model's RotaryEmbedding + apply_rotary (rotate_half pairing)."""
+"""apply_rope against the models' RopeTables (layers/rotary.py) + apply_rotary (rotate_half)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from services.worker.engine.torch_attention import apply_rotary
 from services.worker.kernels.rope import apply_rope, apply_rope_ref, rope_cos_sin
+from services.worker.layers.rotary import RopeTables
+from services.worker.layers.torch_attention import apply_rotary
 from services.worker.model.config import Llama3RopeScaling, LlamaConfig, rope_inv_freq
-from services.worker.model.llama import RotaryEmbedding
 from tests.kernels.small_ops_cases import DEVICE_DTYPES, tolerance
 
 MAX_POSITIONS = 4096
@@ -55,7 +55,7 @@ def test_matches_the_model(
     config = _config(heads, kv_heads, head_dim, scaling)
     positions = torch.tensor(POSITIONS[batch], device=device)
     q, k = _qk(len(positions), heads, kv_heads, head_dim, device, dtype)
-    model_rope = RotaryEmbedding(config, MAX_POSITIONS, torch.device(device))
+    model_rope = RopeTables(rope_inv_freq(config), MAX_POSITIONS, torch.device(device))
     cos_t, sin_t = model_rope(positions, dtype)
     expected_q, expected_k = apply_rotary(q, cos_t, sin_t), apply_rotary(k, cos_t, sin_t)
     cos, sin = rope_cos_sin(rope_inv_freq(config), MAX_POSITIONS, device)

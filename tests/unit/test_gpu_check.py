@@ -121,7 +121,7 @@ for blocked in ("grpc", "google.protobuf", "layerserve.common.v1.common_pb2", "l
         pass
     else:
         raise SystemExit(f"{blocked} was importable: the blocker does not block it")
-import services.worker.engine.model_runner, services.worker.engine.triton_attention
+import services.worker.engine.model_runner, services.worker.layers.triton_attention
 import services.worker.engine.decode_graphs, services.worker.engine.sampler
 import services.worker.model.llama, services.common.errors, services.common.sampling
 import benchmarks.model_decode, benchmarks.gpu_measure, benchmarks.kernels.attention

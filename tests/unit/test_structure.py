@@ -91,6 +91,26 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Inside each service, its packages (and top-level modules) and which of them import which:
+    services.worker.engine.sampler counts as services.worker.engine."""
+
+    def unit(module: str) -> str | None:
+        parts = module.split(".")
+        return ".".join(parts[:3]) if len(parts) >= 3 and parts[0] == "services" else None
+
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        source = unit(module)
+        if source is None:
+            continue
+        edges = packages.setdefault(source, set())
+        for target in map(unit, targets):
+            if target and target != source and target.split(".")[1] == source.split(".")[1]:
+                edges.add(target)
+    return packages
+
+
 def cross_service_imports(graph: dict[str, set[str]]) -> list[str]:
     found = []
     for module, targets in graph.items():
@@ -105,6 +125,11 @@ def cross_service_imports(graph: dict[str, set[str]]) -> list[str]:
 def test_no_import_cycles_among_services_modules() -> None:
     found = cycles(import_graph(REPO))
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_import_cycles_among_a_services_packages() -> None:
+    found = cycles(package_graph(import_graph(REPO)))
+    assert not found, "package cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_no_service_imports_another_and_common_knows_none() -> None:
@@ -147,3 +172,27 @@ def test_the_checks_catch_a_planted_cycle_and_a_cross_service_import(tmp_path: P
     assert "services.common.util -> services.scheduler.engine" in found
     assert "services.gateway.app -> services.worker.engine.sampler" in found
     assert not [f for f in found if f.startswith("services.scheduler")]
+
+
+def test_the_package_check_catches_a_circle_of_packages_with_no_module_cycle(
+    tmp_path: Path,
+) -> None:
+    files = {
+        "services/__init__.py": "",
+        "services/worker/__init__.py": "",
+        "services/worker/model/__init__.py": "",
+        "services/worker/model/llama.py": "from services.worker.engine.kv_cache import Cache\n",
+        "services/worker/engine/__init__.py": "",
+        "services/worker/engine/kv_cache.py": "import torch\n",
+        "services/worker/engine/runner.py": "from services.worker.model import llama\n",
+        "services/worker/layers/__init__.py": "",
+        "services/worker/layers/rope.py": "import torch\n",
+        "services/worker/layers/attention.py": "from . import rope\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path)
+    assert cycles(graph) == []  # no module imports itself back...
+    # ...but model and engine need each other; layers (imports inside one package) is no circle
+    assert cycles(package_graph(graph)) == [["services.worker.engine", "services.worker.model"]]

@@ -1,2 +1,2 @@
-"""The worker's engine: per-request state, the paged KV cache, attention, sampling and one model
-step per plan (ModelRunner). Synchronous; nothing here touches gRPC or asyncio."""
+"""The worker's engine: per-request state, sampling and one model step per plan (ModelRunner),
+over the layers (services/worker/layers/). Synchronous; nothing here touches gRPC or asyncio."""

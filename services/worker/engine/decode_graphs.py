@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from services.worker.engine.attention import AttentionBackend, StepAttention
-from services.worker.engine.attention_metadata import AttentionMetadata
-from services.worker.engine.kv_cache import PagedKVCache
+from services.worker.layers.attention import AttentionBackend, StepAttention
+from services.worker.layers.attention_metadata import AttentionMetadata
+from services.worker.layers.kv_cache import PagedKVCache
 
 log = logging.getLogger(__name__)
 

@@ -9,20 +9,21 @@ from pathlib import Path
 
 import torch
 
-from services.worker.engine.attention import StepAttention, attention_backend
 from services.worker.engine.decode_graphs import DecodeGraphs
-from services.worker.engine.kv_cache import (
-    KVCacheGroup,
-    PagedKVCache,
-    kv_cache_groups,
-    num_blocks_for_bytes,
-)
 from services.worker.engine.plan import Sampled, StepPlan
 from services.worker.engine.sampler import SampleOutput, Sampler
 from services.worker.engine.sequences import PlanLimits, SequenceState, validate_plan
 from services.worker.engine.spec_verify import DraftRows, accept, draft_rows, logit_rows
 from services.worker.engine.structured import structured_decoder
-from services.worker.kernel_choice import check_kernel_device, resolve_kernels
+from services.worker.kernel_choice import check_kernel_device
+from services.worker.layers.attention import AttentionBackend, StepAttention
+from services.worker.layers.attention_backends import choose_attention_backend
+from services.worker.layers.kv_cache import (
+    KVCacheGroup,
+    PagedKVCache,
+    kv_cache_groups,
+    num_blocks_for_bytes,
+)
 from services.worker.model.loaded import LoadedModel
 from services.worker.model.quant import quantize_loaded
 
@@ -51,10 +52,11 @@ class ModelRunner:
         *,
         max_model_len: int,
         model_name: str,
-        kernels: str = "auto",
+        backend: AttentionBackend,
         cuda_graph_max_batch: int = 0,
     ) -> None:
-        """kernels: --kernels (auto, torch or triton; kernel_choice.py); ValueError if unusable.
+        """backend: who runs attention and the ops around it, chosen once at start-up
+        (layers/attention_backends.py: choose_attention_backend for --kernels).
 
         cuda_graph_max_batch > 0 runs decode-only steps of up to that many sequences through
         DecodeGraphs (decode_graphs.py) when the Triton kernels run; capture_decode_graphs()
@@ -68,10 +70,7 @@ class ModelRunner:
         self._model_name = model_name
         self._device = loaded.model.embed_tokens.device
         self._dtype = loaded.model.embed_tokens.dtype
-        # The one place the kernel choice is read: from here on the backend object decides.
-        self._backend = attention_backend(
-            resolve_kernels(kernels, self._device, loaded.config.head_dim)
-        )
+        self._backend = backend
         self._requests: dict[str, SequenceState] = {}
         self._limits = PlanLimits(
             block_size=kv_cache.block_size,
@@ -150,7 +149,7 @@ class ModelRunner:
             cache,
             max_model_len=max_model_len or limit,
             model_name=name,
-            kernels=kernels,
+            backend=choose_attention_backend(kernels, torch_device, loaded.config.head_dim),
             cuda_graph_max_batch=cuda_graph_max_batch,
         )
         runner.capture_decode_graphs()

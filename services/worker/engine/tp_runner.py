@@ -17,12 +17,12 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.plan import Sampled, StepPlan
 from services.worker.engine.sampler import SampleOutput
 from services.worker.engine.sequences import SequenceState
 from services.worker.engine.spec_verify import DraftRows
+from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.loader import LoadedModel
 
 _SAMPLING_FAILED = -1  # broadcast instead of tokens when rank 0's sampler raised

@@ -1,6 +1,6 @@
 """Argument checks the paged attention host wrappers share (decode and prefill).
 
-The cache layout is the worker's (services/worker/engine/kv_cache.py): per layer, K and V are each
+The cache layout is the worker's (services/worker/layers/kv_cache.py): per layer, K and V are each
 [num_blocks, block_size, num_kv_heads, head_dim]; a block table row lists a sequence's block ids
 in position order, so position p lives at block table[p // block_size], slot p % block_size.
 Rows may be padded with any valid block id: the kernels never read past a context length."""

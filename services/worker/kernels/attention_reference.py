@@ -1,6 +1,6 @@
 """Torch references for the paged attention kernels: plain, slow, float64.
 
-Written from the definition, not from services/worker/engine/attention.py, so the kernels and the
+Written from the definition, not from services/worker/layers/attention.py, so the kernels and the
 worker's torch path are each checked against a third implementation. Each sequence's keys are
 read position by position through its block table, and the softmax is spelled out."""
 

@@ -71,7 +71,8 @@ def rope_cos_sin(
     """cos, sin [max_positions, D/2] float32 from inverse frequencies [D/2].
 
     Pass services.worker.model.config.rope_inv_freq(config) (theta and llama3 scaling
-    applied); the angles are computed as the model's RotaryEmbedding computes them."""
+    applied); the angles are computed as the models' RopeTables (layers/rotary.py) compute
+    them."""
     angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq.float())
     return angles.cos().to(device), angles.sin().to(device)
 

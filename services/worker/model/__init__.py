@@ -1,1 +1,2 @@
-"""The model engine's model code: configuration, weight loaders and the Llama network."""
+"""The networks (Llama, Gemma 3) built from services/worker/layers/, their configs, weight
+loaders, quantization and tensor-parallel sharding."""

@@ -18,23 +18,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.worker.engine.attention import StepAttention
-from services.worker.engine.kv_cache import PagedKVCache
-from services.worker.engine.torch_attention import apply_rotary
+from services.worker.layers.attention import StepAttention
+from services.worker.layers.fused import FusedAttention, FusedGatedMLP
+from services.worker.layers.hf_names import per_layer
+from services.worker.layers.kv_cache import PagedKVCache
+from services.worker.layers.rotary import RopeTables
+from services.worker.layers.torch_attention import apply_rotary
+from services.worker.layers.weights import copy_hf_weights, empty_weight
 from services.worker.model.gemma3_config import FULL, SLIDING, Gemma3Config
-from services.worker.model.weights import copy_hf_weights
-
-
-def _weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
-    # Uninitialised: every weight is overwritten by the loader.
-    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
 class GemmaRMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = _weight(dim, dtype=dtype, device=device)
+        self.weight = empty_weight(dim, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., dim] -> [..., dim]; normed and scaled by (1 + weight) in float32, as HF."""
@@ -43,39 +41,15 @@ class GemmaRMSNorm(nn.Module):
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
 
-class RopeTables(nn.Module):
-    """cos/sin [P, D] for one RoPE base (sliding and global layers each have their own)."""
-
-    def __init__(self, inv_freq: torch.Tensor, max_positions: int, device: torch.device) -> None:
-        super().__init__()
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)  # HF rotate_half pairs dim i with i + D/2
-        self.register_buffer("cos", angles.cos().to(device), persistent=False)
-        self.register_buffer("sin", angles.sin().to(device), persistent=False)
-
-    def forward(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] -> cos, sin [T, 1, D]."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(
-            dtype
-        )
-
-
-class Gemma3Attention(nn.Module):
+class Gemma3Attention(FusedAttention):
     def __init__(self, config: Gemma3Config, layer: int, dtype: torch.dtype, device: torch.device):
-        super().__init__()
-        self.layer = layer
+        d, eps = config.hidden_size, config.rms_norm_eps
+        heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        super().__init__(layer, d, heads, kv_heads, head_dim, dtype, device)
         self.layer_type = config.layer_types[layer]
         self.window = config.window(layer)
-        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
         # SDPA divides by sqrt(head_dim); Gemma divides by sqrt(query_pre_attn_scalar).
         self.q_scale = math.sqrt(config.head_dim / config.query_pre_attn_scalar)
-        d, eps = config.hidden_size, config.rms_norm_eps
-        self.qkv_proj = _weight(self.q_size + 2 * self.kv_size, d, dtype=dtype, device=device)
-        self.o_proj = _weight(d, self.q_size, dtype=dtype, device=device)
         self.q_norm = GemmaRMSNorm(config.head_dim, eps, dtype, device)
         self.k_norm = GemmaRMSNorm(config.head_dim, eps, dtype, device)
 
@@ -87,27 +61,22 @@ class Gemma3Attention(nn.Module):
         kv_cache: PagedKVCache,
     ) -> torch.Tensor:
         """x: [T, d] (normed), rotary: this layer type's cos/sin [T, 1, D] -> [T, d]."""
-        tokens = x.shape[0]
-        q, k, v = F.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], -1)
-        q = self.q_norm(q.view(tokens, self.num_heads, self.head_dim))  # [T, H, D]
-        k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.project_qkv(x)  # [T, H, D], [T, Hkv, D], [T, Hkv, D]
+        q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         if self.q_scale != 1.0:
             q = q * self.q_scale
-        group = attn.for_group(kv_cache.group_of(self.layer))
-        attn.backend.write_kv(kv_cache, self.layer, k, v, group)
-        out = attn.backend.paged_attention(q, kv_cache.layer(self.layer), group, self.window)
-        return F.linear(out.reshape(tokens, self.q_size), self.o_proj)
+        return self.project_out(attn.attend(kv_cache, self.layer, q, k, v, self.window))
+
+    def hf_targets(self) -> dict[str, torch.Tensor]:
+        norms = {"self_attn.q_norm.weight": self.q_norm.weight}
+        norms["self_attn.k_norm.weight"] = self.k_norm.weight
+        return super().hf_targets() | norms
 
 
-class Gemma3MLP(nn.Module):
+class Gemma3MLP(FusedGatedMLP):
     def __init__(self, config: Gemma3Config, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__()
-        d, ffn = config.hidden_size, config.intermediate_size
-        self.intermediate_size = ffn
-        self.gate_up_proj = _weight(2 * ffn, d, dtype=dtype, device=device)
-        self.down_proj = _weight(d, ffn, dtype=dtype, device=device)
+        super().__init__(config.hidden_size, config.intermediate_size, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """GeGLU with tanh-approximated GeLU: x [T, d] -> [T, d]."""
@@ -157,7 +126,7 @@ class Gemma3Model(nn.Module):
         device = torch.device(device)
         self.config = config
         d = config.hidden_size
-        self.embed_tokens = _weight(config.vocab_size, d, dtype=dtype, device=device)
+        self.embed_tokens = empty_weight(config.vocab_size, d, dtype=dtype, device=device)
         # HF rounds sqrt(hidden) to the weights' dtype before multiplying; so do we.
         self.embed_scale = float(torch.tensor(math.sqrt(d)).to(dtype))
         self.layers = nn.ModuleList(
@@ -202,32 +171,14 @@ class Gemma3Model(nn.Module):
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """HF name (without "model.") -> the parameter, or the view of a fused one, holding it."""
         targets = {"embed_tokens.weight": self.embed_tokens, "norm.weight": self.norm.weight}
-        for i, layer in enumerate(self.layers):
-            targets.update(
-                {f"layers.{i}.{suffix}": t for suffix, t in _layer_targets(layer).items()}
-            )
+        targets.update(per_layer(map(_layer_targets, self.layers)))
         return targets
 
 
 def _layer_targets(layer: Gemma3DecoderLayer) -> dict[str, torch.Tensor]:
-    attn, mlp = layer.self_attn, layer.mlp
-    q, kv, ffn = attn.q_size, attn.kv_size, mlp.intermediate_size
     norms = (
         "input_layernorm", "post_attention_layernorm",
         "pre_feedforward_layernorm", "post_feedforward_layernorm",
     )  # fmt: skip
     targets = {f"{n}.weight": getattr(layer, n).weight for n in norms}
-    targets.update(
-        {
-            "self_attn.q_proj.weight": attn.qkv_proj[:q],
-            "self_attn.k_proj.weight": attn.qkv_proj[q : q + kv],
-            "self_attn.v_proj.weight": attn.qkv_proj[q + kv :],
-            "self_attn.o_proj.weight": attn.o_proj,
-            "self_attn.q_norm.weight": attn.q_norm.weight,
-            "self_attn.k_norm.weight": attn.k_norm.weight,
-            "mlp.gate_proj.weight": mlp.gate_up_proj[:ffn],
-            "mlp.up_proj.weight": mlp.gate_up_proj[ffn:],
-            "mlp.down_proj.weight": mlp.down_proj,
-        }
-    )
-    return targets
+    return targets | layer.self_attn.hf_targets() | layer.mlp.hf_targets()

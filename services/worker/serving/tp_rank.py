@@ -13,9 +13,10 @@ import torch.distributed as dist
 from gguf import GGUFReader
 
 from services.worker.config import WorkerConfig
-from services.worker.engine.kv_cache import PagedKVCache, num_blocks_for_bytes
 from services.worker.engine.model_runner import DTYPES, default_kv_bytes
 from services.worker.engine.tp_runner import TensorParallelRunner
+from services.worker.layers.attention_backends import choose_attention_backend
+from services.worker.layers.kv_cache import PagedKVCache, num_blocks_for_bytes
 from services.worker.model import registry
 from services.worker.model.config import LlamaConfig
 from services.worker.model.llama import LlamaModel
@@ -149,7 +150,7 @@ def build_rank_runner(
         on_close=on_close,
         max_model_len=spec.max_model_len or limit,
         model_name=spec.model_name,
-        kernels=spec.kernels,
+        backend=choose_attention_backend(spec.kernels, device, rank_config.head_dim),
     )
 
 

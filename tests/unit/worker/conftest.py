@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.engine.model_runner import ModelRunner
+from services.worker.layers.attention_backends import torch_backend
+from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -45,6 +46,12 @@ def make_runner(smollm: LoadedModel) -> RunnerFactory:
         cache = PagedKVCache(
             smollm.config, num_blocks, block_size, torch.float32, torch.device("cpu")
         )
-        return ModelRunner(smollm, cache, max_model_len=max_model_len, model_name="smollm2-test")
+        return ModelRunner(
+            smollm,
+            cache,
+            max_model_len=max_model_len,
+            model_name="smollm2-test",
+            backend=torch_backend(),
+        )
 
     return make

@@ -6,10 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.worker.engine import attention
-from services.worker.engine.attention import StepAttention, attention_backend
-from services.worker.engine.kv_cache import PagedKVCache, num_blocks_for_bytes
-from services.worker.engine.torch_attention import TorchAttention
+from services.worker.layers import attention
+from services.worker.layers.attention import StepAttention
+from services.worker.layers.attention_backends import attention_backend
+from services.worker.layers.kv_cache import PagedKVCache, num_blocks_for_bytes
+from services.worker.layers.torch_attention import TorchAttention
 from services.worker.model.config import LlamaConfig
 from services.worker.model.gemma3 import Gemma3Model
 from services.worker.model.gemma3_config import Gemma3Config, pattern_layer_types

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.worker.engine import attention, cpu_attention_ext
-from services.worker.engine.attention import attention_backend
-from services.worker.engine.cpu_attention import CpuAttention, native_paged_attention
-from services.worker.engine.kv_cache import PagedKVCache
-from services.worker.engine.torch_attention import TorchAttention
+from services.worker.layers import attention, cpu_attention_ext
+from services.worker.layers.attention_backends import attention_backend
+from services.worker.layers.cpu_attention import CpuAttention, native_paged_attention
+from services.worker.layers.kv_cache import PagedKVCache
+from services.worker.layers.torch_attention import TorchAttention
 from services.worker.model.config import LlamaConfig
 
 CPU = torch.device("cpu")

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from services.worker.engine.decode_graphs import capture_sizes
-from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.kernels import decode_attention
+from services.worker.layers.attention_backends import attention_backend
+from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.loaded import LoadedModel
 from tests.reference_models import greedy_generate
 from tests.unit.worker.plan_driver import Driver
@@ -48,8 +49,8 @@ def prompts() -> list[list[int]]:
 def _runner(loaded: LoadedModel, max_batch: int, max_model_len: int = MAX_MODEL_LEN) -> ModelRunner:
     cache = PagedKVCache(CONFIG, 32, BLOCK_SIZE, torch.float32, DEVICE)
     runner = ModelRunner(
-        loaded, cache, max_model_len=max_model_len, model_name="tiny", kernels="triton",
-        cuda_graph_max_batch=max_batch,
+        loaded, cache, max_model_len=max_model_len, model_name="tiny",
+        backend=attention_backend("triton"), cuda_graph_max_batch=max_batch,
     )  # fmt: skip
     runner.capture_decode_graphs()
     return runner

@@ -14,9 +14,10 @@ import torch
 
 from services.tokenizer.gguf_tokenizer import load_gguf_text_model
 from services.tokenizer.text_model import TextModel
-from services.worker.engine.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.plan import StepPlan
+from services.worker.layers.attention_backends import torch_backend
+from services.worker.layers.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.model.gemma3 import Gemma3Model
 from services.worker.model.gemma3_config import FULL, SLIDING, Gemma3Config
 from services.worker.model.loader import LoadedModel, load_model
@@ -79,7 +80,9 @@ def test_engine_equals_dense_reference(gemma: LoadedModel, prompts: list[list[in
     expected = [greedy_generate(gemma, prompt, NEW_TOKENS) for prompt in prompts]
     groups = kv_cache_groups(gemma.config)
     cache = PagedKVCache(gemma.config, 400, 16, torch.float32, torch.device("cpu"), groups)
-    runner = ModelRunner(gemma, cache, max_model_len=2048, model_name="gemma3-test")
+    runner = ModelRunner(
+        gemma, cache, max_model_len=2048, model_name="gemma3-test", backend=torch_backend()
+    )
     assert runner.kernels == "torch"
     driver = Driver(runner, chunk=128)
     for i, prompt in enumerate(prompts):

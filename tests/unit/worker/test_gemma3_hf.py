@@ -13,9 +13,10 @@ import torch
 
 from benchmarks.offline import OfflineEngine
 from services.scheduler.scheduler import SchedulerLimits
-from services.worker.engine.attention import StepAttention
-from services.worker.engine.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.engine.model_runner import ModelRunner
+from services.worker.layers.attention import StepAttention
+from services.worker.layers.attention_backends import torch_backend
+from services.worker.layers.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.model.gemma3 import Gemma3Model
 from services.worker.model.gemma3_config import Gemma3Config
 from services.worker.model.loader import LoadedModel, load_model
@@ -107,7 +108,9 @@ def test_grouped_cache_frees_sliding_blocks_and_generates_the_same_tokens(
     groups = kv_cache_groups(loaded.config)
     assert [g.window for g in groups] == [None, 4]
     cache = PagedKVCache(loaded.config, 32, BLOCK, torch.float32, torch.device("cpu"), groups)
-    runner = ModelRunner(loaded, cache, max_model_len=64, model_name="tiny-gemma3")
+    runner = ModelRunner(
+        loaded, cache, max_model_len=64, model_name="tiny-gemma3", backend=torch_backend()
+    )
     driver = Driver(runner, chunk=3)
     for i, prompt in enumerate(prompts):
         driver.add(f"r{i}", prompt)
@@ -136,7 +139,9 @@ def test_the_scheduler_drives_grouped_gemma_with_prefix_reuse_and_preemption(
     prompts = [TOKENS + [4, 4, 4], TOKENS + [9, 1], TOKENS[:10], TOKENS[3:] + [2]]
     expected = [greedy_generate(loaded, prompt, 12) for prompt in prompts]
     cache = PagedKVCache(loaded.config, 16, BLOCK, torch.float32, torch.device("cpu"), groups)
-    runner = ModelRunner(loaded, cache, max_model_len=64, model_name="tiny-gemma3")
+    runner = ModelRunner(
+        loaded, cache, max_model_len=64, model_name="tiny-gemma3", backend=torch_backend()
+    )
     engine = OfflineEngine(runner, SchedulerLimits(max_num_batched_tokens=6, max_num_seqs=4))
     first = engine.generate(prompts[:1], [12])
     assert first["r0"] == expected[0]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.engine.kv_cache import PagedKVCache
-from services.worker.engine.torch_attention import TorchAttention
+from services.worker.layers.kv_cache import PagedKVCache
+from services.worker.layers.torch_attention import TorchAttention
 from services.worker.model.config import LlamaConfig
 
 HEADS, KV_HEADS, DIM, BLOCK, WINDOW = 4, 1, 8, 4, 5
@@ -61,7 +61,7 @@ def test_windowed_mixed_batch_matches_dense() -> None:
 
 
 def test_window_is_refused_on_the_triton_path() -> None:
-    from services.worker.engine.triton_attention import TritonAttention
+    from services.worker.layers.triton_attention import TritonAttention
 
     triton = TritonAttention()
     attn = triton.metadata([1], [1], [[0]], BLOCK, torch.device("cpu"))

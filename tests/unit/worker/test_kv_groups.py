@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.engine.kv_cache import (
+from services.worker.engine.plan import NewSequence, RunningSequence, StepPlan
+from services.worker.engine.sequences import PlanLimits, SequenceState, validate_plan
+from services.worker.layers.kv_cache import (
     KVCacheGroup,
     PagedKVCache,
     kv_cache_groups,
     num_blocks_for_bytes,
 )
-from services.worker.engine.plan import NewSequence, RunningSequence, StepPlan
-from services.worker.engine.sequences import PlanLimits, SequenceState, validate_plan
 from services.worker.model.config import LlamaConfig
 from services.worker.model.gemma3_config import Gemma3Config, pattern_layer_types
 

@@ -13,18 +13,22 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from services.worker.config import QUANTIZATION_CHOICES, WorkerConfig
-from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.plan import StepPlan
-from services.worker.model.loader import LoadedModel
-from services.worker.model.quant import (
+from services.worker.layers.attention_backends import torch_backend
+from services.worker.layers.int8_weight import (
+    INT8_KERNELS,
     INT8PACK_MAX_ROWS,
-    KERNELS,
-    QUANTIZATION_METHODS,
+    ByRows,
     Int8Weight,
-    default_kernel,
+    int8_kernel,
     int8_linear,
     quantize_int8,
+)
+from services.worker.layers.kv_cache import PagedKVCache
+from services.worker.model.loader import LoadedModel
+from services.worker.model.quant import (
+    QUANTIZATION_METHODS,
     quantize_loaded,
     quantize_model,
     weight_bytes,
@@ -65,7 +69,7 @@ def test_quantize_int8_error_is_within_half_a_step_per_channel() -> None:
     assert torch.all(q[5] == 0)
 
 
-@pytest.mark.parametrize("kernel", KERNELS[1:])
+@pytest.mark.parametrize("kernel", list(INT8_KERNELS))
 def test_int8_linear_matches_float_within_the_scale_bound(kernel: str) -> None:
     """An nn.Linear model (not our Llama): F.linear through an Int8Weight is off from the
     float linear by at most sum_k |x_k| * scale_n / 2 per output n."""
@@ -87,24 +91,32 @@ def test_int8_linear_matches_float_within_the_scale_bound(kernel: str) -> None:
     torch.testing.assert_close(model(x), torch.relu(got))
 
 
+def _auto_pick(device: torch.device, dtype: torch.dtype, rows: int) -> str:
+    """The kernel "auto" (chosen once per weight) runs for a call of `rows` activation rows."""
+    kernel = int8_kernel("auto", device, dtype)
+    if isinstance(kernel, ByRows):
+        kernel = kernel.small if rows <= kernel.max_rows else kernel.large
+    return kernel.name
+
+
 def test_auto_kernel_is_int8pack_only_for_small_half_precision_batches_on_the_cpu() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for dtype in (torch.bfloat16, torch.float16):
-        assert default_kernel(cpu, dtype, 1) == "int8pack"
-        assert default_kernel(cpu, dtype, INT8PACK_MAX_ROWS) == "int8pack"
-        assert default_kernel(cpu, dtype, INT8PACK_MAX_ROWS + 1) == "dequant"
-        assert default_kernel(cuda, dtype, 1) == "dequant"
-    assert default_kernel(cpu, torch.float32, 1) == "dequant"  # int8pack: 2-20x slower there
+        assert _auto_pick(cpu, dtype, 1) == "int8pack"
+        assert _auto_pick(cpu, dtype, INT8PACK_MAX_ROWS) == "int8pack"
+        assert _auto_pick(cpu, dtype, INT8PACK_MAX_ROWS + 1) == "dequant"
+        assert _auto_pick(cuda, dtype, 1) == "dequant"
+    assert _auto_pick(cpu, torch.float32, 1) == "dequant"  # int8pack: 2-20x slower there
 
 
 def test_auto_weight_computes_each_call_with_the_kernel_its_rows_pick() -> None:
     linear = nn.Linear(96, 64, bias=False).to(torch.bfloat16)
     assert quantize_model(linear, "int8") == 1  # kernel "auto" by default
     weight = linear.weight
-    assert isinstance(weight, Int8Weight) and weight.kernel == "auto"
+    assert isinstance(weight, Int8Weight) and weight.kernel.name == "auto"
     for rows in (1, INT8PACK_MAX_ROWS, INT8PACK_MAX_ROWS + 1):
         x = torch.randn(rows, 96).to(torch.bfloat16)
-        chosen = default_kernel(x.device, x.dtype, rows)
+        chosen = INT8_KERNELS[_auto_pick(x.device, x.dtype, rows)]
         want = int8_linear(x, weight.qweight, weight.scale, kernel=chosen)
         assert torch.equal(linear(x), want), rows
 
@@ -141,7 +153,7 @@ def test_worker_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LAYERSERVE_WORKER_QUANTIZATION", "int8")
     assert WorkerConfig.from_args([]).quantization == "int8"
     monkeypatch.setenv("LAYERSERVE_WORKER_QUANTIZATION", "fp4")
-    with pytest.raises(ValueError, match="--quantization must be one of"):
+    with pytest.raises(ValueError, match="LAYERSERVE_WORKER_QUANTIZATION=fp4: must be one of"):
         WorkerConfig.from_args([])
     monkeypatch.delenv("LAYERSERVE_WORKER_QUANTIZATION")
     with pytest.raises(ValueError, match="not with --null"):
@@ -176,7 +188,9 @@ def test_quantized_smollm_holds_int8_linears_and_float_embeddings(
 
 def _greedy(loaded: LoadedModel, prompts: list[list[int]]) -> list[list[int]]:
     cache = PagedKVCache(loaded.config, 64, 16, torch.float32, torch.device("cpu"))
-    runner = ModelRunner(loaded, cache, max_model_len=1024, model_name="smollm2-int8-test")
+    runner = ModelRunner(
+        loaded, cache, max_model_len=1024, model_name="smollm2-int8-test", backend=torch_backend()
+    )
     driver = Driver(runner)
     for i, prompt in enumerate(prompts):
         driver.add(f"p{i}", prompt)

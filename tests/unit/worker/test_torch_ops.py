@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.worker.engine import torch_ops
-from services.worker.engine.torch_attention import TorchAttention, apply_rotary, rms_norm
+from services.worker.layers import torch_ops
+from services.worker.layers.torch_attention import TorchAttention, apply_rotary, rms_norm
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 H, HKV, D = 9, 3, 64

@@ -11,9 +11,10 @@ import asyncio
 import pytest
 import torch
 
-from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.kernel_choice import resolve_kernels
+from services.worker.layers.attention_backends import choose_attention_backend
+from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.loaded import LoadedModel
 from tests.reference_models import greedy_generate
 from tests.unit.worker.plan_driver import Driver
@@ -36,7 +37,9 @@ def prompts() -> list[list[int]]:
 
 def _runner(loaded: LoadedModel, kernels: str) -> ModelRunner:
     cache = PagedKVCache(CONFIG, 32, BLOCK_SIZE, torch.float32, DEVICE)
-    return ModelRunner(loaded, cache, max_model_len=512, model_name="tiny", kernels=kernels)
+    device = loaded.model.embed_tokens.device
+    backend = choose_attention_backend(kernels, device, loaded.config.head_dim)
+    return ModelRunner(loaded, cache, max_model_len=512, model_name="tiny", backend=backend)
 
 
 def _generate_together(runner: ModelRunner, prompts: list[list[int]]) -> list[list[int]]:

@@ -1,8 +1,8 @@
 """Who runs attention and the ops around it (KV cache writes, RMSNorm, RoPE, SiLU-mul): an
-AttentionBackend, chosen once at start-up (kernel_choice.py picks its name; the ModelRunner
-builds it), and StepAttention: one step's layout in every KV cache group, built by that backend
-and handed to the model with the step. The model calls attn.backend; nothing checks a string
-at run time.
+AttentionBackend, built once at start-up (attention_backends.py, from --kernels) and handed to
+the ModelRunner, and StepAttention: one step's layout in every KV cache group, built by that
+backend and handed to the model with the step. The model calls attn.backend; nothing checks a
+string at run time.
 
 Two backends: torch ops (torch_attention.py, everywhere; on the CPU its paged attention runs in
 a C++ extension that reads the cache in place when `make install` has built it:
@@ -10,17 +10,14 @@ cpu_attention.py) and the Triton kernels (triton_attention.py, imported only whe
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from services.worker.engine.attention_metadata import AttentionMetadata
-from services.worker.engine.kv_cache import PagedKVCache
-from services.worker.engine.torch_attention import TorchAttention
-
-logger = logging.getLogger(__name__)
+from services.worker.layers.attention_metadata import AttentionMetadata
+from services.worker.layers.kv_cache import PagedKVCache
+from services.worker.layers.torch_attention import TorchAttention
 
 
 class AttentionBackend(Protocol):
@@ -89,40 +86,6 @@ class AttentionBackend(Protocol):
 TORCH: AttentionBackend = TorchAttention()  # the reference: models' default, tests' baseline
 
 
-def attention_backend(name: str) -> AttentionBackend:
-    """The backend for a resolved kernel choice ("torch" or "triton", kernel_choice.py)."""
-    if name == "torch":
-        return torch_backend()
-    if name == "triton":
-        from services.worker.engine.triton_attention import TritonAttention
-
-        return TritonAttention()
-    raise ValueError(f"no attention backend {name!r}")
-
-
-def torch_backend() -> AttentionBackend:
-    """The torch backend with the C++ CPU attention when it is built, else the torch path
-    alone (it gathers every block of every sequence each step: a warning says so)."""
-    from services.worker.engine import cpu_attention_ext
-
-    try:
-        loaded = cpu_attention_ext.load()
-    except (OSError, RuntimeError) as error:  # built against another torch, or broken
-        logger.warning("CPU attention extension failed to load (%s); using torch ops", error)
-        return TORCH
-    if not loaded:
-        logger.warning(
-            "CPU attention extension not built (make install builds it: python -m "
-            "services.worker.engine.cpu_attention_ext); CPU attention gathers every block "
-            "with torch ops"
-        )
-        return TORCH
-    from services.worker.engine.cpu_attention import CpuAttention
-
-    logger.info("CPU attention: the C++ extension, reading the paged cache in place")
-    return CpuAttention()
-
-
 @dataclass(frozen=True, slots=True)
 class StepAttention:
     """One step's layout as every KV cache group (kv_cache.py) sees it: the same sequences and
@@ -148,6 +111,22 @@ class StepAttention:
             for tables in block_tables
         )
         return cls(groups, backend)
+
+    def attend(
+        self,
+        kv_cache: PagedKVCache,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        """One layer's attention: its new k, v [T, Hkv, D] go into the cache first, so every
+        query attends only through the cache; q [T, H, D] -> [T, H, D]. window: as
+        AttentionBackend.paged_attention."""
+        group = self.for_group(kv_cache.group_of(layer))
+        self.backend.write_kv(kv_cache, layer, k, v, group)
+        return self.backend.paged_attention(q, kv_cache.layer(layer), group, window)
 
     def for_group(self, group: int) -> AttentionMetadata:
         """The metadata addressing KV cache group `group`'s blocks."""

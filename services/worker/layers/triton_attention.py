@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.engine.attention_metadata import AttentionMetadata, lay_out
-from services.worker.engine.kv_cache import PagedKVCache
 from services.worker.kernels.cache_write import write_kv_cache
 from services.worker.kernels.decode_attention import decode_attention
 from services.worker.kernels.prefill_attention import prefill_attention
 from services.worker.kernels.rms_norm import rms_norm
 from services.worker.kernels.rope import apply_rope
 from services.worker.kernels.silu_mul import silu_mul
+from services.worker.layers.attention_metadata import AttentionMetadata, lay_out
+from services.worker.layers.kv_cache import PagedKVCache
 
 
 class TritonAttention:

@@ -10,14 +10,14 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from services.worker.engine import torch_ops
-from services.worker.engine.attention_metadata import (
+from services.worker.layers import torch_ops
+from services.worker.layers.attention_metadata import (
     AttentionMetadata,
     DecodeGroup,
     PrefillChunk,
     lay_out,
 )
-from services.worker.engine.kv_cache import PagedKVCache, gather_blocks
+from services.worker.layers.kv_cache import PagedKVCache, gather_blocks
 
 
 class TorchAttention:

@@ -1,5 +1,5 @@
 """The C++ CPU attention extension (csrc/cpu_attention.cpp): built once by `make install`
-(python -m services.worker.engine.cpu_attention_ext) with torch's extension tooling, loaded by
+(python -m services.worker.layers.cpu_attention_ext) with torch's extension tooling, loaded by
 the worker at start-up as torch.ops.layerserve.paged_attention.
 
 It is compiled for the machine that builds it (-march=native), so the build directory is keyed

@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from services.worker.engine.attention_metadata import AttentionMetadata, lay_out
-from services.worker.engine.torch_attention import TorchAttention
+from services.worker.layers.attention_metadata import AttentionMetadata, lay_out
+from services.worker.layers.torch_attention import TorchAttention
 
 
 class CpuAttention(TorchAttention):

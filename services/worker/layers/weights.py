@@ -1,10 +1,18 @@
-"""Copying a checkpoint's Hugging Face-named tensors into a network's parameters."""
+"""A network's weights: allocated empty, then filled from a checkpoint's Hugging Face-named
+tensors."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
 import torch
+from torch import nn
+
+
+def empty_weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    """A frozen parameter of `shape`, uninitialised on purpose: every weight is overwritten by a
+    loader, and random init of 135M+ parameters would cost seconds for nothing."""
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
 @torch.no_grad()

@@ -14,10 +14,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from services.worker.model.config import LlamaConfig
+
+class KVCacheShape(Protocol):
+    """What the cache needs of a model's config (model/config.py's LlamaConfig has it)."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def kv_size(self) -> int: ...
+
+    def window(self, layer: int) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +43,7 @@ class KVCacheGroup:
     window: int | None = None  # their sliding window; None = they attend to every earlier key
 
 
-def kv_cache_groups(config: LlamaConfig) -> list[KVCacheGroup]:
+def kv_cache_groups(config: KVCacheShape) -> list[KVCacheGroup]:
     """One group of every layer when all layers have the same window; otherwise the layers of
     each window split into groups of one common size (the gcd of the counts), full-attention
     groups first. Gemma 3 270M: 3 global + 15 sliding layers -> 1 + 5 groups of 3."""
@@ -44,7 +61,7 @@ def kv_cache_groups(config: LlamaConfig) -> list[KVCacheGroup]:
 
 
 def bytes_per_block(
-    config: LlamaConfig, block_size: int, dtype: torch.dtype, layers_per_block: int | None = None
+    config: KVCacheShape, block_size: int, dtype: torch.dtype, layers_per_block: int | None = None
 ) -> int:
     """The bytes one block takes across its group's layers (all layers by default), keys and
     values."""
@@ -54,7 +71,7 @@ def bytes_per_block(
 
 
 def num_blocks_for_bytes(
-    config: LlamaConfig,
+    config: KVCacheShape,
     block_size: int,
     dtype: torch.dtype,
     budget_bytes: int,
@@ -71,7 +88,7 @@ def num_blocks_for_bytes(
     return int(count)
 
 
-def _group_size(config: LlamaConfig, groups: list[KVCacheGroup] | None) -> int:
+def _group_size(config: KVCacheShape, groups: list[KVCacheGroup] | None) -> int:
     return config.num_layers if groups is None else len(groups[0].layers)
 
 
@@ -86,7 +103,7 @@ class PagedKVCache:
 
     def __init__(
         self,
-        config: LlamaConfig,
+        config: KVCacheShape,
         num_blocks: int,
         block_size: int,
         dtype: torch.dtype,
