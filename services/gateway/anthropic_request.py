@@ -113,6 +113,14 @@ def _messages(value: Any) -> list[JsonObject]:
                 f"{param}.content must be a string or an array of content blocks",
                 param=f"{param}.content",
             )
+    if value[-1].get("role") == "assistant":
+        # Anthropic continues such a turn's text; the stack's chat templates can only open a
+        # new turn, which would answer something else than was asked.
+        last = f"messages[{len(value) - 1}]"
+        raise InvalidArgument(
+            f"{last}: a final assistant message (prefill) is not supported",
+            param=f"{last}.role",
+        )
     return turns
 
 

@@ -172,6 +172,10 @@ async def test_errors_take_anthropics_shape(http, sdk) -> None:
         "/v1/messages", json={"model": MODEL, "messages": USER}, headers={"x-api-key": API_KEY}
     )
     assert raw.status == 400 and "max_tokens" in (await raw.json())["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as info:
+        prefill = [*USER, {"role": "assistant", "content": "It is"}]
+        await sdk.messages.create(model=MODEL, max_tokens=5, messages=prefill)
+    assert "prefill" in info.value.body["error"]["message"]
     async with sdk_for(http, "sk-wrong") as wrong:
         with pytest.raises(anthropic.AuthenticationError) as info:
             await wrong.messages.create(model=MODEL, max_tokens=5, messages=USER)
