@@ -1,7 +1,8 @@
-"""Issue 17's probes of the front door, as docs/reliability.md's "Hostile clients" table: what
-each did before (measured on a stack started by `make run`, as the issue reports) and what the
-test that now guards it asserts. The figures of the stalled-client rows come from their records
-in the same run (tests/reliability/test_stalled_clients.py)."""
+"""Issues 17 and 27's probes of the front door, as docs/reliability.md's "Hostile clients"
+table: what each did before (measured on a stack started by `make run`, as the issues report,
+unless the row says otherwise) and what the test that now guards it asserts. The figures of the
+stalled-client rows come from their records in the same run
+(tests/reliability/test_stalled_clients.py)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,58 @@ ROWS = [
         "accepted; 415; 400 naming stop; 400 naming stop_token_ids",
         "tests/unit/gateway/test_hostile_clients.py",
     ),
+    (
+        "issue 27: 4 gzip bodies of 1 MB that inflate to 1 GiB; the same without a valid key",
+        "inflated on the event loop past the body limit: 413 after 6-13 s, RSS +80 MiB, every "
+        "other client blocked meanwhile; 401 after 7 s",
+        "aiohttp inflates nothing: a gzip or deflate body is read as sent (at most "
+        "LAYERSERVE_MAX_BODY_BYTES), only after the key is checked, and inflated in a thread "
+        "up to the body limit, then 413 (in the test: 0.2 CPU s for the 5 bodies, 3.0 s "
+        "before); a bad key's 401 inflates nothing; other codings are 415; on the gRPC port a "
+        "gzip message is bounded by the receive limit once inflated (RESOURCE_EXHAUSTED)",
+        "tests/unit/gateway/test_hostile_connections.py",
+    ),
+    (
+        "issue 27: large tools, tool-call arguments or names beside a 2-character message; "
+        "250,000 empty messages",
+        "neither reserved nor guarded: two requests of a 1,000 tokens/minute key admitted and "
+        "charged ~9,800 tokens; 2.75 M tokens of tools tokenized, then 400 after 6-9 s; "
+        "14 s and +95 MiB",
+        "the size guard and the reservation count all the template renders (each message, "
+        "tool call and tool at least one token): 400 naming messages before tokenizing, or "
+        "429; messages, tools, content parts and one turn's tool calls are counted before "
+        "anything is built (LAYERSERVE_MAX_MESSAGES 2048, LAYERSERVE_MAX_TOOLS 128, "
+        "LAYERSERVE_MAX_CONTENT_PARTS 256): 400 naming the field and the limit; HTTP and gRPC "
+        "alike",
+        "tests/unit/gateway/test_hostile_door.py",
+    ),
+    (
+        "issue 27: 2 concurrent chats with max_tokens 8000 on a 1,000 tokens/minute key",
+        "the first admitted, 8,000 tokens generated (the bucket in debt by one request)",
+        '429 "Request too large" naming the limit and the request\'s size, no Retry-After '
+        "(waiting never makes it fit), over HTTP and gRPC; a key is admitted only while its "
+        "bucket holds the whole reservation, so no key spends more than its budget (beyond "
+        "what the prompt estimate misses)",
+        "tests/unit/gateway/test_hostile_door.py, tests/unit/gateway/test_hostile_clients.py",
+    ),
+    (
+        "issue 27: `priority` 2^31-1 from any key",
+        "jumped every other tenant's queue; their running requests became the preemption victims",
+        "400 naming priority over the key's max_priority (keys file; default 0: a key may only "
+        "lower its own priority; without keys, any); the gRPC API carries no priority",
+        "tests/unit/gateway/test_hostile_door.py",
+    ),
+    (
+        "issue 27: 200 connections sending their request head a byte a second; a body a byte "
+        "a second; the same at the gRPC port",
+        "HTTP: all still open after 10 s; gRPC (measured in the test): a silent connection "
+        "open beyond 8 s",
+        "closed LAYERSERVE_HTTP_IDLE_TIMEOUT_S (5 s) after opening or after the last response, "
+        "idle ones too; a body not whole within LAYERSERVE_HTTP_BODY_TIMEOUT_S (30 s) is a "
+        "408; the gRPC port closes a connection without a handshake, or without a call, after "
+        "the same 5 s",
+        "tests/unit/gateway/test_hostile_connections.py",
+    ),
 ]
 
 
@@ -80,7 +133,7 @@ def section() -> list[str]:
     lines = [
         "## Hostile clients",
         "",
-        "Issue 17's probes: what each did before, and what its test now asserts.",
+        "Issues 17 and 27's probes: what each did before, and what its test now asserts.",
         "",
         "| probe | before | after | checked by |",
         "| --- | --- | --- | --- |",
