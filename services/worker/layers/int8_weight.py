@@ -1,8 +1,8 @@
 """Weight-only int8: int8 values with one scale per output channel (symmetric absmax per row),
 activations in the compute dtype. Int8Weight is the QuantizedWeight (quantized_weight.py) of
 this format; how it computes F.linear is an Int8Kernel chosen once, when the weight is made:
-int8_kernel() turns --int8-kernel's name into the object, and "auto" into the kernel measured
-faster on that device and dtype (per batch size where that differs: ByRows)."""
+int8_kernel() turns a kernel's name into the object ("auto", what the worker uses, into the one
+measured faster on that device and dtype, per batch size where that differs: ByRows)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def dequantize_int8(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 class Int8Kernel(Protocol):
-    name: str  # what --int8-kernel and the benchmarks call it
+    name: str  # what quantize_model(kernel=...) and the benchmarks call it
 
     def __call__(self, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """x [..., in] (compute dtype) -> [..., out] = x @ (qweight * scale[:, None]).T."""

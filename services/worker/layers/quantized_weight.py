@@ -32,6 +32,12 @@ class QuantizedWeight(torch.Tensor):
         weight.compute_dtype = compute_dtype
         return weight
 
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, kernel: str = "auto") -> QuantizedWeight:
+        """A float weight [out, in] in this format, computing with the kernel `kernel` names
+        (chosen here, once) for the weight's device and dtype."""
+        raise NotImplementedError
+
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in] (compute dtype) -> x @ W.T + bias [..., out]."""
         raise NotImplementedError

@@ -20,7 +20,7 @@ from services.worker.layers.quantized_weight import QuantizedWeight
 from services.worker.model.loaded import LoadedModel
 
 # --quantization: the format each method makes ("none": the weights stay as loaded).
-QUANTIZED_FORMATS: dict[str, type[Int8Weight]] = {"int8": Int8Weight}
+QUANTIZED_FORMATS: dict[str, type[QuantizedWeight]] = {"int8": Int8Weight}
 QUANTIZATION_METHODS = ("none", *QUANTIZED_FORMATS)
 # Kept in the compute dtype, matched against each dotted part of a parameter's name:
 # - embeddings are read by row (F.embedding), not through F.linear;
