@@ -4,11 +4,11 @@ them (as vLLM's update_from_output and check_stop).
 The ResultApplier keeps the steps in flight, each request as it stood when its step was sent
 (Scheduled): a step that reaches a request's last known token samples one, a placeholder
 (request.num_output_placeholders) until the result brings it. Results apply in step order
-(apply() takes the oldest step in flight). First the
-step's computed blocks join the prefix cache: their KV is written only now, so no request ever
-reads a block still being computed. Then each request's tokens are appended, each checked for a
-stop (the tokens after a stop are dropped); a request whose step carried proposals keeps the
-accepted ones and rolls back the rest (spec_decode.py).
+(apply() takes the oldest step in flight). First the step's computed blocks join the prefix
+cache: their KV is written only now, so no request ever reads a block still being computed.
+Then each request's tokens are appended, each checked for a stop (the tokens after a stop are
+dropped); a request whose step carried proposals keeps the accepted ones and rolls back the
+rest (spec_decode.py).
 
 A result whose request finished, was aborted or was preempted after its step was sent is
 dropped (Scheduled.is_current): with asynchronous scheduling a request that finished in step n
