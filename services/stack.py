@@ -93,11 +93,21 @@ class StackConfig:
             return ["scheduler"]
         return [f"scheduler{k}" for k in range(self.num_schedulers)]
 
-    def homes(self) -> list[int]:
-        """Each worker's home scheduler (an index), models in order: replica j at j mod N."""
-        return [
-            j % self.num_schedulers for spec in self.model_specs() for j in range(spec.replicas)
-        ]
+    def scheduler_orders(self) -> list[list[int]]:
+        """Each worker's schedulers (indexes), models in order: replica j's home is j mod N,
+        then the others, rotated by j // N so that a lost scheduler's workers spread over the
+        survivors instead of all moving to the next one."""
+        n = self.num_schedulers
+        orders = []
+        for spec in self.model_specs():
+            for j in range(spec.replicas):
+                home, turn = j % n, j // n
+                others = [k for k in range(n) if k != home]
+                if others:
+                    turn %= len(others)
+                    others = others[turn:] + others[:turn]
+                orders.append([home, *others])
+        return orders
 
     def model_specs(self) -> tuple[ModelSpec, ...]:
         if self.models:
@@ -153,9 +163,9 @@ class Stack:
     def start(self) -> None:
         c = self.config
         try:
-            homes = c.homes()
+            orders = c.scheduler_orders()
             for i, (spec, port) in enumerate(c.placements()):
-                args = [*self._worker_args(spec, port, homes[i]), *c.metrics_args(f"worker{i}")]
+                args = [*self._worker_args(spec, port, orders[i]), *c.metrics_args(f"worker{i}")]
                 self._spawn(f"worker{i}", "services.worker", args)
             workers = [arg for p in c.worker_ports for arg in ("--worker", f"127.0.0.1:{p}")]
             if self.registering:
@@ -216,7 +226,7 @@ class Stack:
             self.stop()
             raise
 
-    def _worker_args(self, spec: ModelSpec, port: int, home: int) -> list[str]:
+    def _worker_args(self, spec: ModelSpec, port: int, order: list[int]) -> list[str]:
         c = self.config
         args = ["--port", str(port), "--model-name", spec.name, *c.worker_args, *spec.worker_args]
         if spec.path:
@@ -224,8 +234,8 @@ class Stack:
         if c.null_worker:
             args.append("--null")
         if self.registering:
-            # Home first, then the others in turn: it moves to one while home is away.
-            ports = c.scheduler_ports[home:] + c.scheduler_ports[:home]
+            # Home first, then the others: it moves to one while home is away.
+            ports = [c.scheduler_ports[k] for k in order]
             args += ["--register-with", ",".join(f"127.0.0.1:{p}" for p in ports)]
             if c.num_schedulers > 1:
                 args += ["--register-heartbeat-s", "1"]  # a lost scheduler's workers move fast
@@ -296,7 +306,7 @@ class Stack:
             (f"worker{i}", partial(_serving, port, _WORKER, tls))
             for i, port in enumerate(c.worker_ports)
         ]
-        homes = c.homes()
+        homes = [order[0] for order in c.scheduler_orders()]
         specs = [spec.name for spec in c.model_specs() for _ in range(spec.replicas)]
         for k, (name, port) in enumerate(zip(c.scheduler_names(), c.scheduler_ports, strict=True)):
             # A scheduler serves the models of the workers whose home it is (none: it waits

@@ -46,6 +46,9 @@ MAX_BACKOFF_S = 10.0
 CALL_TIMEOUT_S = 10.0
 # What AddWorker may wait for the scheduler to reach this (already serving) worker.
 ADD_TIMEOUT_S = 30.0
+# Tries of home (backing off from FIRST_BACKOFF_S: about 3.5 s) before a worker that never
+# registered anywhere yet takes a fallback.
+STARTUP_TRIES = 3
 # What a home that answered gets to drain this worker from a fallback before it goes home.
 MOVE_DRAIN_S = 60.0
 # Statuses that retrying will not fix without an operator: said loudly, still retried.
@@ -133,6 +136,7 @@ class Registration:
         backoff = FIRST_BACKOFF_S  # the wait before the next try while failing
         registered = False  # once, ever: a later AddWorker means the scheduler forgot it
         failing = False
+        misses = 0  # failed tries in a row while never registered
         while True:
             try:
                 await self._go_home_if_back()
@@ -140,10 +144,14 @@ class Registration:
                     if not await self._is_listed():
                         await self._add(again=registered)
                 except grpc.aio.AioRpcError as err:
-                    if len(self.schedulers) == 1 or err.code() not in _GONE:
+                    # At start-up home may just be slower to come up than this worker: it gets
+                    # a few tries (seconds) before another scheduler takes the worker.
+                    patient = not registered and misses < STARTUP_TRIES
+                    if len(self.schedulers) == 1 or err.code() not in _GONE or patient:
+                        misses += 1
                         raise
                     await self._fail_over(err)
-                registered, failing, backoff = True, False, FIRST_BACKOFF_S
+                registered, failing, backoff, misses = True, False, FIRST_BACKOFF_S, 0
                 delay = self._heartbeat_s
             except grpc.aio.AioRpcError as err:
                 self._log_failure(err, first=not failing, backoff=backoff)
@@ -166,7 +174,7 @@ class Registration:
             except grpc.aio.AioRpcError:
                 continue
             log.warning(
-                "the scheduler at %s is gone (%s); now with the one at %s",
+                "the scheduler at %s does not answer (%s); registered with the one at %s",
                 lost,
                 err.code().name,
                 candidate,
