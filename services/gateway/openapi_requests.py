@@ -172,7 +172,7 @@ def _response_format() -> Schema:
     )
 
 
-def _tools() -> dict[str, Schema]:
+def _tools(limits: RequestLimits) -> dict[str, Schema]:
     function: Schema = {
         "type": "object",
         "required": ["name"],
@@ -201,7 +201,7 @@ def _tools() -> dict[str, Schema]:
         },
     }
     return {
-        "tools": optional({"type": "array", "items": tool, "maxItems": 128}),
+        "tools": optional({"type": "array", "items": tool, "maxItems": limits.max_tools}),
         "tool_choice": optional(
             {
                 "anyOf": [{"enum": ["none", "auto", "required"]}, named],
@@ -247,6 +247,7 @@ def chat_request(limits: RequestLimits) -> Schema:
             "messages": {
                 "type": "array",
                 "minItems": 1,
+                "maxItems": limits.max_messages,
                 "items": {"$ref": "#/components/schemas/ChatMessage"},
             },
             "max_tokens": _max_tokens(limits),
@@ -255,7 +256,7 @@ def chat_request(limits: RequestLimits) -> Schema:
             "top_logprobs": _int(0, MAX_CHAT_TOP_LOGPROBS, "Needs logprobs: true."),
             "add_generation_prompt": _bool("Open the assistant's turn; default true."),
             "response_format": _response_format(),
-            **_tools(),
+            **_tools(limits),
             "functions": optional({"not": {}, "description": "Deprecated: use tools."}),
             "function_call": optional({"not": {}, "description": "Deprecated: use tool_choice."}),
         },

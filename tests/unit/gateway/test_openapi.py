@@ -140,13 +140,16 @@ def test_request_schema_agrees_with_the_parser(schema, parse, body) -> None:
 
 
 def test_bounds_follow_the_operators_limits() -> None:
-    limits = RequestLimits(max_n=4, max_tokens=100, max_stop_sequences=2, max_body_bytes=1000)
+    limits = RequestLimits(
+        max_n=4, max_tokens=100, max_stop_sequences=2, max_body_bytes=1000, max_messages=2
+    )
     document = openapi_document(limits)
     valid = _validator(document, "CreateChatCompletionRequest").is_valid
     assert valid({"model": "m", "messages": _USER, "n": 4, "max_tokens": 100, "stop": ["a", "b"]})
     assert not valid({"model": "m", "messages": _USER, "n": 5})
     assert not valid({"model": "m", "messages": _USER, "max_tokens": 101})
     assert not valid({"model": "m", "messages": _USER, "stop": ["a", "b", "c"]})
+    assert not valid({"model": "m", "messages": _USER * 3})
     assert "1000 bytes" in document["components"]["responses"]["PayloadTooLarge"]["description"]
 
 
