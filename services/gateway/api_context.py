@@ -13,9 +13,13 @@ from typing import Any
 
 from aiohttp import web
 
+from services.gateway.anthropic_errors import ANTHROPIC_PATHS
 from services.gateway.http_generation import Renderer
 from services.gateway.openai_protocol import ParsedRequest
 from services.gateway.request_limits import RequestLimits
+
+# The routes that generate, traced as chat completions are.
+API_GENERATION_PATHS = frozenset({"/v1/responses", *ANTHROPIC_PATHS})
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,9 @@ from aiohttp import web
 from services.common import tracing
 from services.common.errors import LayerserveError, NotFound, Unauthenticated, Unavailable
 from services.gateway import request_span
-from services.gateway.anthropic_errors import ANTHROPIC_PATHS, anthropic_errors
+from services.gateway.anthropic_errors import anthropic_errors
 from services.gateway.anthropic_routes import add_anthropic_routes, authorization
-from services.gateway.api_context import ApiContext, ApiHandler
+from services.gateway.api_context import API_GENERATION_PATHS, ApiContext, ApiHandler
 from services.gateway.api_keys import ApiKey, KeyRing
 from services.gateway.backend import Backend, ModelCard
 from services.gateway.console_routes import PAGE_PATHS, add_console_routes
@@ -79,9 +79,7 @@ REQUEST_ID_HEADER = "X-Request-Id"
 # An echoed id lands in headers and logs, so only short, plain ones are taken from the client.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 # Only generation is traced: probes, listings and scrapes would bury the requests in Jaeger.
-_TRACED_PATHS = frozenset(
-    {"/v1/completions", "/v1/chat/completions", "/v1/responses", *ANTHROPIC_PATHS}
-)
+_TRACED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"}) | API_GENERATION_PATHS
 # Probes carry no key; the API description is public; so are the metrics (Prometheus scrapes
 # them: counts and timings, never a prompt or a key) and the console's page (it asks for one).
 _UNAUTHENTICATED_PATHS = frozenset({"/health", "/ready", "/openapi.json", "/metrics", *PAGE_PATHS})
@@ -96,10 +94,9 @@ def create_app(
     responses: ResponseStore | None = None,
 ) -> web.Application:
     """front_door None: no authentication, no limits beyond `limits`. A front door with keys
-    wants `Authorization: Bearer <key>` (or, on the Anthropic API, `x-api-key: <key>`).
+    wants `Authorization: Bearer <key>` (on the Anthropic API, `x-api-key: <key>` too).
     lifecycle: readiness for /ready, and the drain (503 for new requests, a count of those in
-    flight); None: always ready, never draining. responses: where the Responses API keeps
-    responses; None: in this process's memory."""
+    flight); None: always ready, never draining. responses: the Responses API's store."""
     middlewares = [
         _request_id_middleware,
         anthropic_errors,  # Anthropic's error shape on its paths, whoever answered
