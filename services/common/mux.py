@@ -147,8 +147,15 @@ class MuxClient(Generic[Submit, Output]):
             sink(None)
 
 
+# Outputs per message at most. A client that reads slower than outputs come (a gateway on a
+# saturated machine) leaves them queued here; one message of all of them made it parse 47,300
+# outputs (4 MB) at once, its memory then growing with generation rate x the time it lagged.
+MAX_BATCH = 512
+
+
 class Outbox(Generic[Output]):
-    """Server end of a session stream: outputs put from anywhere are written as batches."""
+    """Server end of a session stream: outputs put from anywhere are written as batches of at
+    most MAX_BATCH."""
 
     def __init__(self) -> None:
         self._items: list[Output] = []
@@ -159,10 +166,11 @@ class Outbox(Generic[Output]):
         self._ready.set()
 
     async def next_batch(self) -> list[Output]:
-        """Waits until something is queued, then takes everything queued."""
+        """Waits until something is queued, then takes what is queued, MAX_BATCH at most."""
         await self._ready.wait()
-        self._ready.clear()
-        batch, self._items = self._items, []
+        batch, self._items = self._items[:MAX_BATCH], self._items[MAX_BATCH:]
+        if not self._items:
+            self._ready.clear()
         return batch
 
     def wake(self) -> None:

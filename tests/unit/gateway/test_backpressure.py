@@ -11,12 +11,19 @@ import socket
 import time
 
 import grpc
+import pytest
 from aiohttp.test_utils import TestServer
 
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.gateway.api_keys import KeyRing
 from services.gateway.backend import GenerationRequest
-from services.gateway.choice_streams import MAX_BUFFERED_ITEMS, ChoiceStreams, coalesce
+from services.gateway.choice_streams import (
+    MAX_BUFFERED_ITEMS,
+    MAX_UNREAD_TOKENS,
+    ChoiceStreams,
+    ClientStalled,
+    coalesce,
+)
 from services.gateway.front_door import FrontDoor
 from services.gateway.grpc_api import GatewayServicer, public_server
 from services.gateway.http_app import create_app
@@ -31,17 +38,32 @@ PROMPT = " ".join(f"{i:03d}" + "w" * 497 for i in range(60))
 BIG_PROMPT = " ".join(f"{i:03d}" + "w" * 3997 for i in range(60))
 
 
-async def test_the_buffer_of_a_stream_nobody_reads_stays_bounded() -> None:
+async def test_a_stream_nobody_reads_is_stopped_at_a_token_bound() -> None:
+    """What a reader that is away costs is bounded by MAX_UNREAD_TOKENS, not by max_tokens nor
+    by how long the cut-off takes: its choices are aborted upstream past it."""
+    backend = EchoBackend()
     request = GenerationRequest("r-0", MODEL, prompt=PROMPT, max_tokens=5000, ignore_eos=True)
-    streams = ChoiceStreams(EchoBackend(), [request, GenerationRequest("r-1", MODEL, "a b")])
+    streams = ChoiceStreams(backend, [request, GenerationRequest("r-1", MODEL, "a b")])
     peak = 0
     for _ in range(6000):  # the pumps run; the reader is away
         await asyncio.sleep(0)
         peak = max(peak, streams.buffered)
     assert peak <= MAX_BUFFERED_ITEMS + 2
+    assert "r-0" in backend.aborted  # the request is stopped upstream, every choice of it
+    merged, _ = coalesce(streams._items)
+    assert len(merged[0].token_ids) <= MAX_UNREAD_TOKENS + 1
+    with pytest.raises(ClientStalled, match=f"over {MAX_UNREAD_TOKENS} tokens unread"):
+        await streams.next_batch()
+
+
+async def test_a_reader_that_keeps_coming_back_gets_everything() -> None:
+    request = GenerationRequest("r-0", MODEL, prompt=PROMPT, max_tokens=5000, ignore_eos=True)
+    streams = ChoiceStreams(EchoBackend(), [request])
     items = []
     while not streams.finished:
         items += await streams.next_batch()
+        for _ in range(20):  # a write that takes a while
+            await asyncio.sleep(0)
     merged, error = coalesce(items)
     assert error is None and merged[0].completion_tokens == 5000
     assert len(merged[0].token_ids) == 5000 and len(merged[0].text) == 5000 * 501 - 1
