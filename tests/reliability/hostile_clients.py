@@ -126,6 +126,41 @@ ROWS = [
         "the same 5 s",
         "tests/unit/gateway/test_hostile_connections.py",
     ),
+    (
+        "issue 27: a response_format JSON schema whose $defs refer to each other a few thousand "
+        "deep (under 200 KB); the same in tools[].function.parameters, over gRPC "
+        "(sampling.structured), or as a Lark grammar of thousands of chained rules; an 8 MB "
+        "regex; (a{1000}){1000}; a huge enum or GBNF grammar",
+        "the gateway died (SIGSEGV in llguidance's grammar check; the tokenizer runs the same "
+        "check), every stream in flight lost; grammars compiled on the event loop: 429s of an "
+        "over-limit key and other keys' requests waited 7 s, the 8 MB regex 400 after 9 s",
+        "400 (INVALID_ARGUMENT) naming the field and the LAYERSERVE_GRAMMAR_* limit (bytes, "
+        "depth following $ref, rules, enum values and choices, nested repetitions), checked "
+        "before llguidance; the compile runs in a grammar process under "
+        "LAYERSERVE_GRAMMAR_TIMEOUT_S, after admission, off the event loop, in the gateway, "
+        "the tokenizer and the worker; a crash there costs that request, the process is "
+        "replaced",
+        "tests/unit/common/test_grammar_pool.py, tests/unit/common/test_grammar_limits.py, "
+        "tests/unit/gateway/test_tools_sdk.py",
+    ),
+    (
+        "issue 27: `make test` with the machine busy: 100 streaming clients of 8,000 tokens "
+        "that stop reading",
+        "gateway +98.7 MiB against the test's 64 MiB bound (passes alone); beside a CPU hog, "
+        "+55 and +68 MiB",
+        "at most mux.MAX_BATCH outputs per session message (one message of 47,300 outputs, "
+        "4 MB, was parsed at once) and a request stopped upstream once its reader leaves over "
+        "1,024 tokens unread: +21 MiB beside a CPU hog in the test itself; bound 48 MiB",
+        "tests/reliability/test_stalled_clients.py, tests/unit/common/test_outbox.py, "
+        "tests/unit/gateway/test_backpressure.py",
+    ),
+    (
+        "issue 27: LAYERSERVE_SPECULATION_POLICY=bogus, LAYERSERVE_HTTP_PORT=abc, "
+        "LAYERSERVE_LOG_LEVEL=loud, a bad flag, for any service or the launcher",
+        "a Python traceback naming the flag, not the variable",
+        "one line naming the variable (or flag), its value and what is allowed; exit status 2",
+        "tests/unit/test_setting_errors.py",
+    ),
 ]
 
 
