@@ -3,8 +3,9 @@
 Spans arrive from every service (trace_receiver.py) in no particular order: each process
 exports on its own schedule. A request's trace is one bucket; an engine step is a trace of its
 own whose root links the requests it ran, so a step (and its children, e.g. the worker's
-`forward`) is filed under every request it links. A step span that arrives before the step's
-root waits in a bucket of its own until the root names its requests.
+`forward`) is filed under every request it links. A span with a parent that links a step (a
+request's `prefill` links the step that ran it) stays in its own trace. A step's child that
+arrives before the step's root waits in a bucket of its own until the root names its requests.
 
 Bounded three ways, whatever the traffic: at most `max_traces` buckets and `max_spans` spans
 in all (the oldest bucket goes first), at most `max_spans_per_trace` in one bucket (a long
@@ -116,7 +117,7 @@ class TraceRing:
     def add(self, spans: list[RingSpan]) -> None:
         with self._lock:
             for span in spans:
-                if span.linked_traces:
+                if span.linked_traces and not span.parent_id:
                     self._add_step_root(span)
                 else:
                     for trace_id in self._step_requests.get(span.trace_id, (span.trace_id,)):

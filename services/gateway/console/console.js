@@ -4,7 +4,9 @@
 
 const $ = (selector) => document.querySelector(selector);
 const KEY_ITEM = "layerserve.key";
-const state = { messages: [], controller: null, view: "chat", selected: null, timers: {} };
+const state = {
+  messages: [], controller: null, view: "chat", selected: null, shownSpans: -1, timers: {},
+};
 
 function headers() {
   const key = sessionStorage.getItem(KEY_ITEM);
@@ -182,7 +184,9 @@ async function refreshTraces() {
   const { data } = await (await api("/console/api/traces")).json();
   const body = $("#traces tbody");
   body.replaceChildren(...data.map(traceRow));
-  if (state.selected) await showTrace(state.selected, false);
+  // Drawn again only when spans came in since: a row being read stays where it is.
+  const selected = data.find((t) => t.trace_id === state.selected);
+  if (selected && selected.num_spans !== state.shownSpans) await showTrace(state.selected, false);
 }
 
 function traceRow(t) {
@@ -212,6 +216,7 @@ async function showTrace(traceId, fresh) {
     tr.setAttribute("aria-selected", String(tr.dataset.traceId === traceId));
   }
   const trace = await (await api("/console/api/traces/" + traceId)).json();
+  state.shownSpans = trace.num_spans;
   LayerserveTimeline.render(detail, trace);
 }
 

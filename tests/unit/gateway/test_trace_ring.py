@@ -48,20 +48,19 @@ def test_an_engine_step_and_its_children_are_filed_under_every_request_it_ran():
     a, b, step = tid(), tid(), tid()
     ring.claim(a, TraceOwner("k", "req-a", "/v1/chat/completions"))
     ring.claim(b, TraceOwner("k", "req-b", "/v1/chat/completions"))
-    ring.add([span(a, "scheduler request"), span(b, "scheduler request")])
+    request = span(a, "scheduler request")
+    ring.add([request, span(b, "scheduler request")])
     root = span(step, "engine step", links=(a, b), **{"layerserve.step.sampled": 2})
     early = span(step, "forward", parent=root.span_id)  # the worker exported first
     ring.add([early])
+    # A request's prefill links the step that ran it, the other way round: it stays put.
+    ring.add([span(a, "prefill", parent=request.span_id, links=(step,))])
     ring.add([root])
-    ring.add([span(step, "late child", parent=root.span_id)])
-    for trace_id in (a, b):
-        assert names(ring, trace_id) == [
-            "engine step",
-            "forward",
-            "late child",
-            "scheduler request",
-        ]
-    assert ring.num_spans == 8  # the step's three spans, once per request
+    ring.add([span(step, "late child", parent=root.span_id), span(a, "decode", request.span_id)])
+    steps = ["engine step", "forward", "late child"]
+    assert names(ring, a) == sorted([*steps, "decode", "prefill", "scheduler request"])
+    assert names(ring, b) == [*steps, "scheduler request"]
+    assert ring.num_spans == 10  # the step's three spans, once per request
 
 
 def test_a_key_sees_only_its_own_traces_newest_first():
