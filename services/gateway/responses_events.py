@@ -39,6 +39,7 @@ class ResponsesRenderer:
         self._usage = UsageTally(1)
         self._sequence = 0
         self._started = False
+        self._completed_at: int | None = None
         self.status = "in_progress"  # completed | incomplete | failed at the end
 
     # -- the Renderer protocol (http_generation.py) --
@@ -76,7 +77,7 @@ class ResponsesRenderer:
             "id": self.response_id,
             "object": "response",
             "created_at": self._created,
-            "completed_at": int(time.time()) if finished else None,
+            "completed_at": self._completed_at if finished else None,
             "status": self.status,
             "error": None,
             "incomplete_details": (
@@ -106,6 +107,7 @@ class ResponsesRenderer:
                 events += self._open_message()  # nothing said: still one (empty) message
             events += self._close_message()
             self.status = "incomplete" if delta.finish_reason == "length" else "completed"
+            self._completed_at = int(time.time())
             kind = f"response.{self.status}"
             events.append(self._event(kind, response=self.snapshot()))
         return events
