@@ -88,25 +88,26 @@ class MigratingSink:
     def _move(self, reason: str, output) -> None:
         """Resubmits elsewhere, or ends the request with UNAVAILABLE naming why it cannot."""
         request_id = self.submit.request_id
+        cause = output.message if isinstance(output, LayerserveError) else output.error.message
         if self.sink.stream.finished:
             self.pool.ended(request_id)
             return
         if self.moves >= self.max_migrations:
             self._fail(
-                f"{_what(reason, self.link)}, and it was moved {self.moves} times already "
+                f"{_what(reason, self.link, cause)}, and it was moved {self.moves} times already "
                 f"(the limit, --max-migrations)"
             )
             return
-        asyncio.ensure_future(self._resubmit(reason))
+        asyncio.ensure_future(self._resubmit(reason, cause))
 
-    async def _resubmit(self, reason: str) -> None:
+    async def _resubmit(self, reason: str, cause: str) -> None:
         request_id = self.submit.request_id
         lost = self.link
         try:
             link = await self.pool.choose(self.submit.model, self._prompt(), frozenset(self._tried))
         except Unavailable:
             self._fail(
-                f"{_what(reason, lost)}, and no other scheduler replica serves model "
+                f"{_what(reason, lost, cause)}, and no other scheduler replica serves model "
                 f"`{self.submit.model}`"
             )
             return
@@ -118,7 +119,7 @@ class MigratingSink:
         log.warning(
             "request %s: %s; moved to the scheduler at %s after %d tokens (move %d)",
             request_id,
-            _what(reason, lost),
+            _what(reason, lost, cause),
             link.address,
             len(self.produced),
             self.moves,
@@ -141,7 +142,7 @@ class MigratingSink:
 
     def _fail(self, message: str) -> None:
         self.pool.ended(self.submit.request_id)
-        log.error("request %s: %s", self.submit.request_id, message)
+        log.warning("request %s: %s", self.submit.request_id, message)
         self.sink(Unavailable(message))
 
 
@@ -156,7 +157,7 @@ def _lost_reason(output) -> str | None:
     return None
 
 
-def _what(reason: str, link: SchedulerLink) -> str:
+def _what(reason: str, link: SchedulerLink, cause: str) -> str:
     if reason == "scheduler_lost":
         return f"lost the scheduler at {link.address}"
-    return f"the scheduler at {link.address} could not serve it"
+    return f"the scheduler at {link.address} could not serve it ({cause})"

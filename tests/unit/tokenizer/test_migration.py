@@ -120,6 +120,7 @@ async def test_the_migration_limit_ends_it_with_unavailable() -> None:
     assert len(pool.sent) == 2 and len(events.moves) == 1
     assert isinstance(sink.got[-1], Unavailable)
     assert "moved 1 times already (the limit" in sink.got[-1].message
+    assert "could not serve it (no worker)" in sink.got[-1].message  # the scheduler's reason
 
 
 async def test_an_abort_while_moving_submits_nothing() -> None:
