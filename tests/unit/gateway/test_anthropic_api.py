@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 import anthropic
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
+from pydantic import TypeAdapter
 
 from services.gateway.backend import ToolCall
 from services.gateway.http_app import create_app
@@ -210,3 +212,28 @@ async def test_a_failure_mid_stream_is_an_anthropic_error_event() -> None:
         "type": "error",
         "error": {"type": "overloaded_error", "message": "the worker went away"},
     }
+
+
+async def test_bodies_and_events_validate_against_the_sdks_types(scripted, http) -> None:
+    """Anthropic publishes no OpenAPI document; its SDK's types are the schema, validated
+    strictly here (the SDK itself builds its objects without validation)."""
+    body = {"model": MODEL, "max_tokens": 20, "messages": USER, "tools": [WEATHER_TOOL]}
+    headers = {"x-api-key": API_KEY}
+    scripted.scripts = [["Checking.", CALL], ["Checking.", CALL]]
+    raw = await http.post("/v1/messages", json=body, headers=headers)
+    Message.model_validate(await raw.json())
+    raw = await http.post("/v1/messages", json={**body, "stream": True}, headers=headers)
+    events = [
+        json.loads(line[len("data: ") :])
+        for line in (await raw.text()).splitlines()
+        if line.startswith("data: ")
+    ]
+    adapter = TypeAdapter(RawMessageStreamEvent)
+    assert [type(adapter.validate_python(e)).__name__ for e in events] == [
+        "RawMessageStartEvent",
+        *["RawContentBlockStartEvent", "RawContentBlockDeltaEvent", "RawContentBlockStopEvent"] * 2,
+        "RawMessageDeltaEvent",
+        "RawMessageStopEvent",
+    ]
+    raw = await http.post("/v1/messages/count_tokens", json=body, headers=headers)
+    MessageTokensCount.model_validate(await raw.json())
