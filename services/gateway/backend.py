@@ -42,6 +42,10 @@ class ChatMessage:
     name: str = ""  # a tool turn: the function's name, when given
 
 
+# The sampling fields a model may recommend values for (README "Model defaults").
+MODEL_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
 @dataclass(slots=True)
 class GenerationRequest:
     """One completion. Exactly one of prompt, messages, prompt_token_ids is set."""
@@ -57,6 +61,9 @@ class GenerationRequest:
     # that set none); False: the client's own, refused when it does not fit (max_tokens.py).
     max_tokens_is_cap: bool = False
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    # Fields of MODEL_DEFAULT_FIELDS the client left out: the tokenizer sets each to the
+    # serving model's recommended value, where it has one (else `sampling`'s stays).
+    sampling_unset: tuple[str, ...] = ()
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False

@@ -26,7 +26,14 @@ from services.common.grpc_util import SERVER_OPTIONS
 from services.common.sampling_proto import sampling_from_proto
 from services.gateway import request_span
 from services.gateway.api_keys import ApiKey
-from services.gateway.backend import Backend, ChatMessage, GenerationRequest, Tool, ToolCall
+from services.gateway.backend import (
+    MODEL_DEFAULT_FIELDS,
+    Backend,
+    ChatMessage,
+    GenerationRequest,
+    Tool,
+    ToolCall,
+)
 from services.gateway.choice_streams import ChoiceStreams, ClientStalled, coalesce, write_within
 from services.gateway.front_door import FrontDoor
 from services.gateway.grammar_check import check_grammars
@@ -79,6 +86,8 @@ def request_from_proto(
         model=msg.model,
         max_tokens=msg.max_tokens,
         sampling=sampling_from_proto(msg.sampling),
+        # No sampling message: the model's recommended settings (else greedy, as before).
+        sampling_unset=() if msg.HasField("sampling") else MODEL_DEFAULT_FIELDS,
         stop=list(msg.stop),
         ignore_eos=msg.ignore_eos,
         trace_context=trace_context,

@@ -17,7 +17,7 @@ from typing import Any
 
 from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingOptions
-from services.gateway.backend import GenerationRequest
+from services.gateway.backend import MODEL_DEFAULT_FIELDS, GenerationRequest
 from services.gateway.http_json import has_lone_surrogate
 from services.gateway.openai_fields import (
     INT32_MAX,
@@ -173,6 +173,7 @@ def _template(
         request_id="",
         model=get_str(body, "model") or "",
         sampling=sampling,
+        sampling_unset=_unset(body),
         structured_param=structured_param or "response_format",
         stop=get_stop(body),
         stop_token_ids=get_token_ids(body, "stop_token_ids"),
@@ -198,6 +199,11 @@ def _sampling(body: JsonObject, logprobs: int | None) -> SamplingOptions:
         logprobs=logprobs,
     )
     return options  # validated with the rest, by request_validator
+
+
+def _unset(body: JsonObject) -> tuple[str, ...]:
+    """The fields a model may recommend that the client left out (null counts as out)."""
+    return tuple(name for name in MODEL_DEFAULT_FIELDS if body.get(name) is None)
 
 
 def _parsed(

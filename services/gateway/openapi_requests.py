@@ -37,6 +37,10 @@ _OFF: Schema = {
 }
 
 
+# Left out, a sampling field takes the serving model's recommended value when it has one.
+_MODEL = ", or the model's recommended value (README: Model defaults)"
+
+
 def optional(schema: Schema) -> Schema:
     """The schema, or null (meaning "not given")."""
     return {"anyOf": [schema, {"type": "null"}]}
@@ -86,11 +90,15 @@ def _shared_properties(limits: RequestLimits) -> dict[str, Schema]:
     stop_string: Schema = {"type": "string", "minLength": 1}
     return {
         "model": {"type": "string", "minLength": 1, "description": "A model id or alias."},
-        "temperature": _number("Default 1; 0 is greedy.", minimum=0, maximum=2),
-        "top_p": _number("Nucleus sampling; default 1 (off).", exclusiveMinimum=0, maximum=1),
-        "top_k": _int(-1, INT32_MAX, "Keep the k most likely tokens; -1 or 0 is off."),
-        "min_p": _number("Default 0 (off).", minimum=0, maximum=1),
-        "repetition_penalty": _number("Default 1 (off).", exclusiveMinimum=0, maximum=2),
+        "temperature": _number(f"Default 1{_MODEL}; 0 is greedy.", minimum=0, maximum=2),
+        "top_p": _number(
+            f"Nucleus sampling; default 1 (off){_MODEL}.", exclusiveMinimum=0, maximum=1
+        ),
+        "top_k": _int(
+            -1, INT32_MAX, f"Keep the k most likely tokens; -1 or 0 is off. Default off{_MODEL}."
+        ),
+        "min_p": _number(f"Default 0 (off){_MODEL}.", minimum=0, maximum=1),
+        "repetition_penalty": _number(f"Default 1 (off){_MODEL}.", exclusiveMinimum=0, maximum=2),
         "presence_penalty": _number("Default 0.", minimum=-2, maximum=2),
         "frequency_penalty": _number("Default 0.", minimum=-2, maximum=2),
         "seed": _int(0, _SEED_MAX, "Makes sampling reproducible."),

@@ -40,6 +40,7 @@ def request_to_proto(
         request_id=req.request_id,
         model=req.model,
         sampling=sampling_to_proto(req.sampling),
+        sampling_unset=req.sampling_unset,
         max_tokens=req.max_tokens,
         max_tokens_is_cap=req.max_tokens_is_cap,
         stop=req.stop,

@@ -32,7 +32,7 @@ async def main() -> None:
     for name, path in config.models:
         started = time.perf_counter()
         if path not in by_path:
-            by_path[path] = load_tokenizer(path)
+            by_path[path] = load_tokenizer(path, config.defaults_file())
         models[name] = by_path[path]
         log.info("loaded the tokenizer of %s in %.1fs", name, time.perf_counter() - started)
     gate = DrainGate("the tokenizer service")
@@ -45,6 +45,7 @@ async def main() -> None:
         tool_parser=config.tool_parser,
         redis_url=config.redis_url,
         max_migrations=config.max_migrations,
+        defaults_file=config.defaults_file(),
     )
     tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server)
     # Ready: its tokenizers are loaded (above) and its scheduler is serving.

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from services.common.service_settings import drain_timeout_setting, metrics_port_setting
 from services.common.settings import check_settings, config_from_args, positive, setting
 from services.tokenizer.migration import DEFAULT_MAX_MIGRATIONS
+from services.tokenizer.sampling_defaults import default_defaults_file
 from services.tokenizer.scheduler_addresses import parse_schedulers
 from services.tokenizer.tool_format import TOOL_PARSER_CHOICES
 
@@ -90,6 +91,23 @@ class TokenizerConfig:
         "ignores them: hermes, smollm2, or auto (per model family: smollm2 for SmolLM2, "
         "hermes otherwise)",
     )
+    generation_config: str = setting(
+        "--generation-config",
+        env="GENERATION_CONFIG",
+        default="auto",
+        choices=("auto", "off"),
+        help="auto: a request that leaves temperature, top_p, top_k, min_p or "
+        "repetition_penalty out gets the model's recommended value (its generation_config.json, "
+        "or its entry in --generation-defaults for a GGUF file); off: the API's own defaults",
+    )
+    generation_defaults: str = setting(
+        "--generation-defaults",
+        env="GENERATION_DEFAULTS",
+        default="",
+        metavar="FILE",
+        help="the recommended sampling settings of GGUF files, by file name (default: "
+        "configs/generation_defaults.toml)",
+    )
     drain_timeout_s: float = drain_timeout_setting()
     metrics_port: int = metrics_port_setting()
 
@@ -98,6 +116,12 @@ class TokenizerConfig:
         if len(set(names)) != len(names):
             raise ValueError(f"a model name is given twice: {names}")
         check_settings(self)
+
+    def defaults_file(self) -> str | None:
+        """The GGUF defaults table to read, or None when model defaults are off."""
+        if self.generation_config == "off":
+            return None
+        return self.generation_defaults or str(default_defaults_file())
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> TokenizerConfig:

@@ -84,8 +84,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         tool_parser: str = "auto",  # --tool-parser: the tool format, or auto per model family
         redis_url: str = "",  # --redis-url: the schedulers' prefix index ("" = none)
         max_migrations: int = DEFAULT_MAX_MIGRATIONS,
+        defaults_file: str | None = None,  # GGUF sampling defaults; None: model defaults off
     ) -> None:
         self._tool_parser = tool_parser
+        self._defaults_file = defaults_file
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
         # Loading a tokenizer takes seconds: never in the pool that tokenizes prompts.
         self._load_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-tokenizer")
@@ -119,7 +121,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
     async def _load(self, path: str | None) -> TextModel:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._load_pool, load_tokenizer, path)
+        return await loop.run_in_executor(
+            self._load_pool, load_tokenizer, path, self._defaults_file
+        )
 
     async def _tokenize(self, model_name: str, msg) -> list[int]:
         model = await self._catalog.text_model(model_name)
@@ -240,7 +244,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             request_id=request_id,
             model=target,
             prompt_token_ids=prompt_ids,
-            sampling=request.sampling,
+            # The model's recommended settings for the fields the client left out.
+            sampling=model.sampling_defaults.apply(request.sampling, request.sampling_unset),
             max_tokens=request.max_tokens,
             max_tokens_is_cap=request.max_tokens_is_cap,
             stop_token_ids=request.stop_token_ids,

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 from services.common.errors import InvalidArgument
 from services.tokenizer.chat_template import ChatTemplate, Message
+from services.tokenizer.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 from services.tokenizer.tool_format import ToolFormat
 from services.tokenizer.vocab_bytes import build_token_bytes, is_byte_level
 
@@ -58,6 +59,8 @@ class TextModel:
             i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.special
         )
         self.stop_token_ids = self._collect_stop_ids(extra_stop_token_ids)
+        # The model's recommended sampling settings (set by the loader; none by default).
+        self.sampling_defaults: SamplingDefaults = NO_DEFAULTS
         self.chat_template: ChatTemplate | None = None
         self.template_renders_tools = False
         if chat_template:

@@ -55,6 +55,8 @@ def test_chat_answers_paris_over_grpc(stack):
             messages=[gateway_pb2.ChatMessage(role="user", content=QUESTION)]
         ),
         max_tokens=30,
+        # Greedy: without a sampling message the model's defaults would sample (temperature 0.2).
+        sampling=common_pb2.SamplingParams(),
     )
     responses = grpc_generate(stack, request)
     text = "".join(r.text for r in responses)

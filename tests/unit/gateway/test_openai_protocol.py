@@ -249,3 +249,14 @@ def test_chat_errors_name_the_field(fields: dict[str, Any], param: str) -> None:
 def test_bad_json_bodies(raw: bytes) -> None:
     with pytest.raises(InvalidArgument):
         parse_json_body(raw)
+
+
+def test_sampling_fields_left_out_are_named_for_the_model_defaults() -> None:
+    (request,) = parse_chat_request(_chat(top_p=0.5, top_k=None), request_id="r-1").requests
+    assert request.sampling_unset == ("temperature", "top_k", "min_p", "repetition_penalty")
+    assert request.sampling.temperature == 1.0  # the API's default, where the model has none
+    every = {"temperature": 0, "top_p": 1, "top_k": 3, "min_p": 0, "repetition_penalty": 1}
+    (request,) = parse_completion_request(
+        {"model": "m", "prompt": "a", **every}, request_id="r-1"
+    ).requests
+    assert request.sampling_unset == ()
