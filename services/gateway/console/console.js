@@ -194,12 +194,14 @@ function traceRow(t) {
   tr.tabIndex = 0;
   tr.dataset.traceId = t.trace_id;
   tr.setAttribute("aria-selected", String(t.trace_id === state.selected));
-  const cells = [t.request_id || t.trace_id.slice(0, 12), t.duration_ms.toFixed(1),
-    String(t.num_spans), t.services.map((s) => s.replace("layerserve-", "")).join(" ")];
+  const services = t.services.map((s) => s.replace("layerserve-", ""));
+  const cells = [t.request_id || t.trace_id, t.duration_ms.toFixed(1), String(t.num_spans),
+    String(services.length)];
   cells.forEach((text, i) => {
     const td = document.createElement("td");
     td.textContent = text;
-    if (i === 1 || i === 2) td.className = "num";
+    td.className = i === 0 ? "id" : "num";
+    if (i === 3) td.title = services.join(", ");
     tr.append(td);
   });
   const open = () => showTrace(t.trace_id, true);

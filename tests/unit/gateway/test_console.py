@@ -21,6 +21,7 @@ from services.common import tracing
 from services.common.internal_auth import METADATA_KEY
 from services.gateway.console_routes import RING
 from services.gateway.http_app import create_app
+from services.launcher import console_env, parse_args
 from tests.e2e.conftest import free_ports
 from tests.unit.gateway.conftest import front_door
 from tests.unit.gateway.echo_backend import MODEL, EchoBackend
@@ -131,3 +132,12 @@ async def test_the_stack_panel_says_what_it_cannot_reach(client, monkeypatch):
     body = await response.json()
     assert response.status == 200 and body["schedulers"] == []
     assert body["gateway"]["requests_in_flight"] == 0
+
+
+def test_make_run_sends_traces_to_the_console_unless_the_operator_has_a_collector():
+    config = parse_args(["--internal-port-base", "41000", "--schedulers", "2"])
+    env = console_env({}, config)
+    assert env["LAYERSERVE_TRACE_RECEIVER"] == "127.0.0.1:40999"
+    assert env["LAYERSERVE_SCHEDULER_ADDRESS"] == "127.0.0.1:41001,127.0.0.1:41002"
+    collector = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4317"}
+    assert "LAYERSERVE_TRACE_RECEIVER" not in console_env(collector, config)
