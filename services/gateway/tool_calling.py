@@ -17,17 +17,15 @@ from services.common.sampling import StructuredOutput
 from services.gateway.backend import GenerationRequest, Tool
 from services.gateway.openai_structured import NAME_PATTERN
 
-MAX_TOOLS = 128  # OpenAI's limit
 _NO_PARAMETERS = {"type": "object", "properties": {}}
 
 
 def check_tools(request: GenerationRequest) -> None:
     """Checks the tools and the choice; settles tool_choice ("none", "auto" or "required");
-    for "required" sets sampling.structured to the calls' grammar."""
+    for "required" sets sampling.structured to the calls' grammar. How many tools: the
+    operator's max_tools (prompt_size.check_counts)."""
     if request.tools and request.messages is None:
         raise InvalidArgument("tools need chat messages, not a prompt", param="tools")
-    if len(request.tools) > MAX_TOOLS:
-        raise InvalidArgument(f"tools takes at most {MAX_TOOLS} functions", param="tools")
     names: set[str] = set()
     for i, tool in enumerate(request.tools):
         _check_tool(tool, f"tools[{i}].function", names)

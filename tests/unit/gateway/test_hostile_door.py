@@ -251,3 +251,10 @@ async def test_a_key_may_not_raise_its_priority_over_its_cap(max_priority, prior
             assert response["error"]["param"] == "priority"
             assert f"over the {max_priority}" in response["error"]["message"]
             assert not d.backend.requests
+
+
+async def test_the_operator_may_allow_more_tools_than_openai():
+    body = _chat(tools=[_tool("", f"f{i}") for i in range(200)])
+    async with door(RequestLimits(max_tools=256)) as d:
+        assert (await d.post(body))[0] == 200
+        assert (await d.generate(_proto(body)))[0] == grpc.StatusCode.OK
