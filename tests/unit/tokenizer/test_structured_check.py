@@ -43,3 +43,12 @@ def test_a_bad_constraint_names_its_field(model, structured, param):
     with pytest.raises(InvalidArgument) as caught:
         check_request_structured(model, structured)
     assert caught.value.param == param
+
+
+def test_a_grammar_that_would_crash_llguidance_is_refused(model):
+    """Checked in a grammar process, after the limits: the tokenizer serves on."""
+    from tests.unit.common.test_grammar_limits import defs_chain
+
+    with pytest.raises(InvalidArgument, match="LAYERSERVE_GRAMMAR_MAX_DEPTH") as caught:
+        check_request_structured(model, StructuredOutput("json_schema", defs_chain(1000)))
+    assert caught.value.param == "response_format"

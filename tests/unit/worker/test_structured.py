@@ -318,3 +318,17 @@ def test_runner_reports_a_failing_constraint_without_raising(make_runner, tokeni
     sampled = {s.request_id: s for s in runner.execute(plan)}
     assert isinstance(sampled["broken"].error, InvalidArgument)
     assert sampled["fine"].error is None
+
+
+def test_a_grammar_that_would_crash_llguidance_fails_its_row_only(decoder):
+    """A $defs chain 3,000 deep is a SIGSEGV in llguidance: refused by the grammar limits and
+    the grammar process before the worker compiles it, and only its row fails."""
+    from tests.unit.common.test_grammar_limits import defs_chain
+
+    decoder.add("crasher", StructuredOutput("json_schema", defs_chain(3000)), [])
+    decoder.add("good", StructuredOutput("regex", "[ab]+"), [])
+    masks = decoder.masks(["crasher", "good"], torch.device("cpu"))
+    assert masks is not None and list(masks.errors) == [0]
+    assert isinstance(masks.errors[0], InvalidArgument)
+    assert "LAYERSERVE_GRAMMAR_MAX_BYTES" in masks.errors[0].message
+    decoder.drop(["crasher", "good"])
