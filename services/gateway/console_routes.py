@@ -43,6 +43,7 @@ PAGE_PATHS = frozenset({"/", "/console/session.json", *(f"/console/{name}" for n
 RING = web.AppKey("console_ring", TraceRing)
 PANEL = web.AppKey("console_panel", StackPanel)
 _KEYS = web.AppKey("console_keys", object)
+_OWNER = web.RequestKey("console_owner", TraceOwner)
 _TRUE = ("1", "true", "yes")
 
 
@@ -60,6 +61,7 @@ def add_console_routes(
     app[_KEYS] = _Keys(caller, request_id, front_door)
     app.middlewares.append(_claim_trace)  # innermost: the caller is known, the span current
     app.on_startup.append(_start_receiver)
+    app.on_response_prepare.append(_name_owner)
     app.router.add_get("/", _index)
     app.router.add_get("/console/session.json", _session)
     app.router.add_get("/console/api/info", _info)
@@ -93,14 +95,23 @@ async def _claim_trace(request: web.Request, handler) -> web.StreamResponse:
     if not context.is_valid:
         return await handler(request)
     keys: _Keys = request.app[_KEYS]  # type: ignore[assignment]
-    owner = TraceOwner(_tenant(request), request[keys.request_id], request.path)
+    owner = request[_OWNER] = TraceOwner(_tenant(request), request[keys.request_id], request.path)
     request.app[RING].claim(trace.format_trace_id(context.trace_id), owner)
     try:
         return await handler(request)
     finally:
-        owner.request_id = request[keys.request_id]  # the response's id, once it has one
+        owner.done = True
+        owner.request_id = request[keys.request_id]
         if _log_prompts():
             owner.prompt = await _prompt_of(request)
+
+
+async def _name_owner(request: web.Request, response: web.StreamResponse) -> None:
+    """The id the client sees is final once the answer starts (a stream's first bytes)."""
+    owner = request.get(_OWNER)
+    if owner is not None:
+        keys: _Keys = request.app[_KEYS]  # type: ignore[assignment]
+        owner.request_id = request[keys.request_id]
 
 
 async def _index(request: web.Request) -> web.FileResponse:
@@ -144,7 +155,12 @@ async def _info(request: web.Request) -> web.Response:
 
 
 async def _stack(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[PANEL].snapshot())
+    """The stack now, as far as the caller's key may see it: the models it may use, and its own
+    requests in flight."""
+    caller: ApiKey = request[request.app[_KEYS].caller]  # type: ignore[attr-defined]
+    snapshot = await request.app[PANEL].snapshot(caller.may_use)
+    snapshot["yours"] = request.app[RING].in_flight(caller.tenant)
+    return web.json_response(snapshot)
 
 
 async def _traces(request: web.Request) -> web.Response:

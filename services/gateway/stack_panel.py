@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
+from collections.abc import Callable
 
 import grpc
 
@@ -20,16 +22,23 @@ from services.common.grpc_util import new_channel
 from services.gateway.request_metrics import IN_FLIGHT, INTER_TOKEN_LATENCY, TIME_TO_FIRST_TOKEN
 
 _TIMEOUT_S = 1.0
+_RATE_WINDOW_S = 5.0  # tokens/s is over about this many seconds
 
 
 class StackPanel:
     def __init__(self, scheduler_addresses: list[str]) -> None:
         self.addresses = scheduler_addresses
         self._stubs: dict[str, scheduler_pb2_grpc.SchedulerStub] = {}
-        self._last_tokens: tuple[float, float] | None = None  # (monotonic time, tokens seen)
+        # (monotonic time, output tokens so far) of the recent snapshots: the rate is taken over
+        # the last few seconds, however many pages ask and how often.
+        self._tokens_seen: deque[tuple[float, float]] = deque(maxlen=1000)
 
-    async def snapshot(self) -> dict:
+    async def snapshot(self, may_see: Callable[[str], bool] = lambda model: True) -> dict:
+        """may_see(model): whether the caller may know of that model (its key's models)."""
         schedulers = await asyncio.gather(*(self._scheduler(a) for a in self.addresses))
+        for s in schedulers:
+            s["models"] = [m for m in s["models"] if may_see(m["id"])]
+            s["workers"] = [w for w in s["workers"] if may_see(w["model"])]
         workers = [w for s in schedulers for w in s["workers"]]
         return {
             "time": time.time(),
@@ -72,10 +81,13 @@ class StackPanel:
         """From the gateway's own metrics: every output token is a first token or a gap."""
         tokens = _total(TIME_TO_FIRST_TOKEN, "_count") + _total(INTER_TOKEN_LATENCY, "_count")
         now = time.monotonic()
+        seen = self._tokens_seen
+        while len(seen) > 1 and now - seen[1][0] >= _RATE_WINDOW_S:
+            seen.popleft()  # keeps one sample at least the window old
         rate = None
-        if self._last_tokens is not None and now > self._last_tokens[0]:
-            rate = (tokens - self._last_tokens[1]) / (now - self._last_tokens[0])
-        self._last_tokens = (now, tokens)
+        if seen and now - seen[0][0] > 0.2:
+            rate = (tokens - seen[0][1]) / (now - seen[0][0])
+        seen.append((now, tokens))
         ttft_count = _total(TIME_TO_FIRST_TOKEN, "_count")
         ttft_sum = _total(TIME_TO_FIRST_TOKEN, "_sum")
         return {

@@ -18,6 +18,7 @@ own threads while the event loop claims and reads.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -74,10 +75,12 @@ class _Bucket:
 class TraceOwner:
     """Who sent a request, and what the console may say about it."""
 
-    key: str  # the API key's name
+    key: str  # the API key's tenant id
     request_id: str
     path: str
     prompt: str = ""  # only when the operator logs prompts (LAYERSERVE_LOG_PROMPTS=1)
+    started: float = field(default_factory=time.time)  # Unix seconds
+    done: bool = False  # the gateway has answered it
 
 
 class TraceRing:
@@ -135,6 +138,17 @@ class TraceRing:
                 if len(found) >= limit:
                     break
         return found
+
+    def in_flight(self, key: str | None) -> list[dict]:
+        """The key's requests not answered yet (None: everyone's), oldest first."""
+        now = time.time()
+        with self._lock:
+            owners = [(t, o) for t, o in self._owners.items() if not o.done]
+        return [
+            {"trace_id": t, "request_id": o.request_id, "path": o.path, "age_s": now - o.started}
+            for t, o in owners
+            if key is None or o.key == key
+        ]
 
     def trace(self, trace_id: str, key: str | None) -> dict | None:
         """One trace, its spans oldest first; None when unknown, evicted or not `key`'s."""

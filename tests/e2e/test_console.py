@@ -143,6 +143,10 @@ def test_chat_stop_timeline_and_stack_in_a_real_browser(stack, browser, shots):
     wait_for(lambda: text(driver, long_answer + " .content"), why="the long answer streaming")
     driver.find_element(By.ID, "tab-stack").click()
     wait_for(lambda: text(driver, "#stack-running") == "1", why="the running request shown")
+    stats = driver.find_element(By.CSS_SELECTOR, long_answer + " .stats")  # on a hidden tab
+    request_id = stats.get_attribute("textContent").split(" · ")[-1]
+    assert request_id.startswith("chatcmpl-")
+    wait_for(lambda: request_id in text(driver, "#stack-yours tbody"), why="it, by its id")
     assert "127.0.0.1" in text(driver, "#stack-workers tbody")
     driver.save_screenshot(str(shots / "stack.png"))
     driver.find_element(By.ID, "tab-chat").click()

@@ -258,6 +258,8 @@ async function refreshStack() {
     }
     for (const m of sched.models) models.push([m.id, m.replicas, m.max_model_len]);
   }
+  const yours = s.yours.map((r) => [r.request_id, r.path, r.age_s.toFixed(1)]);
+  fillTable("#stack-yours", yours, new Set([2]));
   fillTable("#stack-workers", workers, new Set([3, 4, 7, 8]));
   fillTable("#stack-models", models, new Set([1, 2]));
   $("#stack-error").textContent = s.schedulers.length ? errors.join("; ")

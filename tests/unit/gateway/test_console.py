@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from services.common import tracing
 from services.common.internal_auth import METADATA_KEY
 from services.gateway.console_routes import RING
-from services.gateway.http_app import create_app
+from services.gateway.http_app import BACKEND, create_app
 from services.launcher import console_env, parse_args
 from tests.e2e.conftest import free_ports
 from tests.unit.gateway.conftest import front_door
@@ -127,11 +127,22 @@ async def test_the_receiver_refuses_spans_without_the_internal_token(client, rec
     assert ring.num_spans == before
 
 
-async def test_the_stack_panel_says_what_it_cannot_reach(client, monkeypatch):
-    response = await client.get("/console/api/stack", headers=auth("key-a"))
-    body = await response.json()
-    assert response.status == 200 and body["schedulers"] == []
-    assert body["gateway"]["requests_in_flight"] == 0
+async def test_the_stack_panel_shows_a_key_its_own_requests_in_flight(client):
+    async def stack(key: str) -> dict:
+        response = await client.get("/console/api/stack", headers=auth(key))
+        assert response.status == 200
+        return await response.json()
+
+    body = {"model": MODEL, "prompt": "slow " * 40, "max_tokens": 40, "stream": True}
+    client.server.app[BACKEND].token_delay = 0.05  # 2 s of streaming
+    response = await client.post("/v1/completions", json=body, headers=auth("key-a"))
+    await response.content.readline()  # the first event: the answer has started
+    mine = (await stack("key-a"))["yours"]
+    assert [r["request_id"] for r in mine] == [response.headers["X-Request-Id"]]
+    theirs = await stack("key-b")
+    assert theirs["yours"] == [] and theirs["schedulers"] == []  # no scheduler address given
+    assert theirs["gateway"]["requests_in_flight"] == 1
+    response.close()
 
 
 def test_make_run_sends_traces_to_the_console_unless_the_operator_has_a_collector():
