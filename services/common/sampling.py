@@ -74,6 +74,9 @@ class SamplingOptions:
     seed: int | None = None
     # None: no logprobs. n >= 0: the sampled token's logprob and the n most likely alternatives.
     logprobs: int | None = None
+    # None: no prompt logprobs. n >= 0: each prompt token's logprob after the first, computed
+    # during prefill, and the n most likely alternatives at its position.
+    prompt_logprobs: int | None = None
     # None: unconstrained.
     structured: StructuredOutput | None = None
 
@@ -95,6 +98,11 @@ class SamplingOptions:
             (
                 self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                 "logprobs",
+                f"must be between 0 and {MAX_LOGPROBS}",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                "prompt_logprobs",
                 f"must be between 0 and {MAX_LOGPROBS}",
             ),
         ]

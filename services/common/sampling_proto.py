@@ -41,6 +41,8 @@ def sampling_to_proto(options: SamplingOptions) -> common_pb2.SamplingParams:
         msg.seed = options.seed
     if options.logprobs is not None:
         msg.logprobs = options.logprobs
+    if options.prompt_logprobs is not None:
+        msg.prompt_logprobs = options.prompt_logprobs
     if options.structured is not None:
         msg.structured.CopyFrom(structured_to_proto(options.structured))
     return msg
@@ -58,5 +60,6 @@ def sampling_from_proto(msg: common_pb2.SamplingParams) -> SamplingOptions:
         frequency_penalty=msg.frequency_penalty,
         seed=msg.seed if msg.HasField("seed") else None,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
         structured=(structured_from_proto(msg.structured) if msg.HasField("structured") else None),
     )

@@ -64,6 +64,9 @@ class GenerationRequest:
     # Fields of MODEL_DEFAULT_FIELDS the client left out: the tokenizer sets each to the
     # serving model's recommended value, where it has one (else `sampling`'s stays).
     sampling_unset: tuple[str, ...] = ()
+    # Completions' echo: the response starts with the prompt (and, with sampling.prompt_logprobs,
+    # the prompt tokens' logprobs).
+    echo: bool = False
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -92,7 +95,7 @@ class TopLogprob:
 class TokenLogprob:
     token: str
     token_bytes: bytes
-    logprob: float
+    logprob: float | None  # None: the prompt's first token, which nothing predicts
     top: list[TopLogprob] = field(default_factory=list)
 
 
@@ -109,6 +112,10 @@ class GenerationDelta:
     cached_tokens: int = 0
     model: str = ""  # the model that serves the request (an alias's target); "" = not said
     tool_calls: list[ToolCall] = field(default_factory=list)  # completed since the last delta
+    # On the first delta only: the prompt's text (a request with echo and a token-id prompt),
+    # and its tokens' logprobs (sampling.prompt_logprobs; the first token's logprob None).
+    prompt_text: str | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)

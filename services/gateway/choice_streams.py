@@ -202,4 +202,8 @@ def merge_deltas(deltas: list[GenerationDelta]) -> GenerationDelta:
         cached_tokens=max(d.cached_tokens for d in deltas),
         model=next((d.model for d in deltas if d.model), ""),
         tool_calls=[call for d in deltas for call in d.tool_calls],
+        prompt_text=next((d.prompt_text for d in deltas if d.prompt_text is not None), None),
+        prompt_logprobs=next(
+            (d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None), None
+        ),
     )

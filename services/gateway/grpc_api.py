@@ -93,6 +93,9 @@ def request_from_proto(
         trace_context=trace_context,
         max_prompt_tokens=limits.max_prompt_tokens,
     )
+    if msg.sampling.HasField("prompt_logprobs"):  # GenerateResponse has no logprobs
+        param = "sampling.prompt_logprobs"
+        raise InvalidArgument(f"{param} is not supported over gRPC", param=param)
     which = msg.WhichOneof("input")
     if which == "prompt":
         req.prompt = msg.prompt

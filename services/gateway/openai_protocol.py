@@ -3,7 +3,7 @@
 Validation happens here, before anything reaches the stack, so a bad request costs no tokenizer
 or scheduler work and its error names the offending field (`param`): JSON types and the
 OpenAI-only fields here, every rule the gRPC API shares in request_validator.py. Unknown fields
-are ignored, as vLLM does; known OpenAI features the stack lacks (echo, logit_bias, the
+are ignored, as vLLM does; known OpenAI features the stack lacks (suffix, logit_bias, the
 deprecated `functions`, ...) are refused rather than silently ignored. Output constraints
 (response_format, vLLM's guided_*): openai_structured.py; tools: openai_tools.py.
 """
@@ -91,7 +91,9 @@ def parse_completion_request(
     logprobs = get_int(body, "logprobs", low=0, high=MAX_COMPLETION_LOGPROBS)
     template = _template(body, logprobs, trace_context, limits)
     template.prompt, template.prompt_token_ids = _parse_prompt(body.get("prompt"))
-    reject_if_set(body, "echo", get_bool(body, "echo", False), "echo")
+    template.echo = get_bool(body, "echo", False)
+    if template.echo:  # OpenAI's legacy echo: logprobs then cover the prompt's tokens too
+        template.sampling.prompt_logprobs = logprobs
     reject_if_set(body, "suffix", bool(body.get("suffix")), "suffix")
     max_tokens = get_int(body, "max_tokens")
     param = None if max_tokens is None else "max_tokens"

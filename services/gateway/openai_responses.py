@@ -14,6 +14,7 @@ from typing import Any
 
 from services.gateway.backend import GenerationDelta, TokenLogprob, ToolCall
 from services.gateway.openai_protocol import ParsedRequest, RequestKind
+from services.gateway.prompt_echo import echoed
 
 JsonObject = dict[str, Any]
 
@@ -43,6 +44,9 @@ class ResponseBuilder:
         self._started = [False] * n
         self._called = [False] * n  # the choice has produced a tool call
         self._text_offsets = [0] * n
+        self._echo = parsed.requests[0].echo  # completions: the prompt comes first
+        self._prompt = parsed.requests[0].prompt  # None for a token-id prompt
+        self._echoed = [False] * n
         self._usage = UsageTally(n)
 
     def response(self, results: list[GenerationDelta]) -> JsonObject:
@@ -121,6 +125,9 @@ class ResponseBuilder:
         return "tool_calls" if reason == "stop" and self._called[index] else reason
 
     def _completion_choice(self, index: int, delta: GenerationDelta) -> JsonObject:
+        if self._echo and not self._echoed[index]:
+            self._echoed[index] = True
+            delta = echoed(delta, self._prompt)
         logprobs = None
         if self._wants_logprobs:
             logprobs, self._text_offsets[index] = completion_logprobs(
@@ -211,16 +218,19 @@ def completion_logprobs(logprobs: list[TokenLogprob], text_offset: int) -> tuple
     """The legacy completions shape, and the text offset after these tokens. top_logprobs
     always holds the sampled token too, so it has up to logprobs+1 entries, as OpenAI's does."""
     offsets: list[int] = []
-    tops: list[dict[str, float]] = []
+    tops: list[dict[str, float] | None] = []
     for lp in logprobs:
         offsets.append(text_offset)
         text_offset += len(lp.token)
+        if lp.logprob is None:  # an echoed prompt's first token
+            tops.append(None)
+            continue
         top = {t.token: _finite(t.logprob) for t in lp.top}
         top.setdefault(lp.token, _finite(lp.logprob))
         tops.append(top)
     body = {
         "tokens": [lp.token for lp in logprobs],
-        "token_logprobs": [_finite(lp.logprob) for lp in logprobs],
+        "token_logprobs": [None if lp.logprob is None else _finite(lp.logprob) for lp in logprobs],
         "top_logprobs": tops,
         "text_offset": offsets,
     }

@@ -41,6 +41,8 @@ def request_to_proto(
         model=req.model,
         sampling=sampling_to_proto(req.sampling),
         sampling_unset=req.sampling_unset,
+        # Only a token-id prompt needs the tokenizer's text to be echoed.
+        echo=req.echo and req.prompt_token_ids is not None,
         max_tokens=req.max_tokens,
         max_tokens_is_cap=req.max_tokens_is_cap,
         stop=req.stop,
@@ -91,18 +93,21 @@ def _add_tools(msg: tokenizer_pb2.GenerateRequest, req: GenerationRequest) -> No
         msg.tools.add(name=tool.name, description=tool.description, parameters=tool.parameters)
 
 
+def _logprob(lp: tokenizer_pb2.TextLogprob) -> TokenLogprob:
+    top = [TopLogprob(t.token, t.token_bytes, t.logprob) for t in lp.top]
+    return TokenLogprob(lp.token, lp.token_bytes, lp.logprob, top)
+
+
+def _prompt_logprobs(out: tokenizer_pb2.GenerateOutput) -> list[TokenLogprob] | None:
+    if not out.prompt_logprobs:
+        return None
+    logprobs = [_logprob(lp) for lp in out.prompt_logprobs]
+    logprobs[0].logprob = None  # the first token: nothing before it predicts it
+    return logprobs
+
+
 def delta_from_proto(out: tokenizer_pb2.GenerateOutput, want_logprobs: bool) -> GenerationDelta:
-    logprobs = None
-    if want_logprobs:
-        logprobs = [
-            TokenLogprob(
-                lp.token,
-                lp.token_bytes,
-                lp.logprob,
-                [TopLogprob(t.token, t.token_bytes, t.logprob) for t in lp.top],
-            )
-            for lp in out.logprobs
-        ]
+    logprobs = [_logprob(lp) for lp in out.logprobs] if want_logprobs else None
     return GenerationDelta(
         text=out.text,
         token_ids=list(out.token_ids),
@@ -113,6 +118,8 @@ def delta_from_proto(out: tokenizer_pb2.GenerateOutput, want_logprobs: bool) -> 
         cached_tokens=out.cached_tokens,
         model=out.model,
         tool_calls=[ToolCall(c.id, c.name, c.arguments, c.index) for c in out.tool_calls],
+        prompt_text=out.prompt_text or None,
+        prompt_logprobs=_prompt_logprobs(out),
     )
 
 

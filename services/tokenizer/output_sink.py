@@ -42,6 +42,8 @@ class OutputSink:
         "mux",
         "events",
         "tool_parser",
+        "echo_text",
+        "first_prompt_token",
     )
 
     def __init__(
@@ -54,6 +56,8 @@ class OutputSink:
         mux: Aborter,
         events: RequestListener = NO_LISTENER,
         tool_parser: ToolCallParser | None = None,  # None: all text is content
+        echo_text: str | None = None,  # the prompt's text, for the first output (echo)
+        first_prompt_token: int = -1,  # the prompt's first token (prompt logprobs)
     ) -> None:
         self.request_id = request_id
         self.model_name = model_name  # the model serving it (an alias's target)
@@ -63,6 +67,8 @@ class OutputSink:
         self.mux = mux
         self.events = events
         self.tool_parser = tool_parser
+        self.echo_text = echo_text
+        self.first_prompt_token = first_prompt_token
 
     def __call__(self, output) -> None:
         if output is None or self.stream.finished:
@@ -107,6 +113,7 @@ class OutputSink:
             )
         for lp in output.logprobs:
             out.logprobs.append(self._text_logprob(lp))
+        self._add_prompt(out, output.prompt_logprobs)
         self.outbox.put(out)
         if self.stream.finished:
             self.open_ids.discard(self.request_id)
@@ -122,6 +129,18 @@ class OutputSink:
             parsed.content += rest.content
             parsed.tool_calls += rest.tool_calls
         return parsed
+
+    def _add_prompt(self, out: GenerateOutput, prompt_logprobs) -> None:
+        """The echoed prompt and the prompt logprobs, once: a request that moved to another
+        scheduler replica gets its prompt logprobs again there."""
+        if self.echo_text is not None:
+            out.prompt_text, self.echo_text = self.echo_text, None
+        if prompt_logprobs and self.first_prompt_token >= 0:
+            first = common_pb2.TokenLogprob(token_id=self.first_prompt_token)
+            out.prompt_logprobs.append(self._text_logprob(first))
+            for lp in prompt_logprobs:
+                out.prompt_logprobs.append(self._text_logprob(lp))
+            self.first_prompt_token = -1
 
     def _text_logprob(self, lp: common_pb2.TokenLogprob) -> tokenizer_pb2.TextLogprob:
         model = self.stream.model

@@ -258,7 +258,16 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         tool_format = tool_format_of(self._tool_parser, model)
         tools = tool_call_parser(request.tool_call_parsing, tool_format)
         sink = OutputSink(
-            request_id, target, stream, outbox, open_ids, self._schedulers, events, tools
+            request_id,
+            target,
+            stream,
+            outbox,
+            open_ids,
+            self._schedulers,
+            events,
+            tools,
+            echo_text=model.decode(prompt_ids) if request.echo else None,
+            first_prompt_token=prompt_ids[0] if prompt_ids else -1,
         )
         MigratingSink(submit, sink, self._schedulers, link, events, self._max_migrations).start()
 

@@ -193,7 +193,7 @@ def test_nulls_mean_defaults() -> None:
         ({"stop_token_ids": [1, "x"]}, "stop_token_ids"),
         ({"ignore_eos": "no"}, "ignore_eos"),
         ({"priority": 1.5}, "priority"),
-        ({"echo": True}, "echo"),
+        ({"echo": "yes"}, "echo"),
         ({"suffix": "tail"}, "suffix"),
         ({"logit_bias": {"5": 1}}, "logit_bias"),
     ],
