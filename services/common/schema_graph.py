@@ -68,6 +68,19 @@ def schema_shape(document: Any) -> SchemaShape:
     return shape
 
 
+def nesting_depth(document: Any) -> int:
+    """Objects and arrays nested in a parsed JSON value, without following references;
+    iterative, so that a deep document cannot overflow the stack measuring it."""
+    deepest = 0
+    pending = [(document, 1)] if isinstance(document, dict | list) else []
+    while pending:
+        node, depth = pending.pop()
+        deepest = max(deepest, depth)
+        values = node.values() if isinstance(node, dict) else node
+        pending.extend((v, depth + 1) for v in values if isinstance(v, dict | list))
+    return deepest
+
+
 def _measure(node: dict, shape: SchemaShape) -> None:
     shape.schemas += 1
     if isinstance(node.get("enum"), list):

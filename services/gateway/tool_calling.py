@@ -13,7 +13,9 @@ import json
 from typing import Any
 
 from services.common.errors import InvalidArgument
+from services.common.grammar_pool import grammar_pool
 from services.common.sampling import StructuredOutput
+from services.common.schema_graph import nesting_depth
 from services.gateway.backend import GenerationRequest, Tool
 from services.gateway.openai_structured import NAME_PATTERN
 
@@ -56,7 +58,16 @@ def _check_tool(tool: Tool, param: str, names: set[str]) -> None:
     schema = _parameters(tool)
     if not isinstance(schema, dict) or schema.get("type", "object") != "object":
         raise InvalidArgument(f"{param} must be a JSON schema of an object", param=param)
-    # Whether it compiles: grammar_check.py, off the event loop.
+    # Before forced_call_schema walks it (recursively): a schema nested a few hundred deep was
+    # a RecursionError there, a 500. The rest of the limits and whether it compiles:
+    # grammar_check.py, off the event loop.
+    limit = grammar_pool().settings.max_depth
+    if nesting_depth(schema) > limit:
+        raise InvalidArgument(
+            f"{param} nests deeper than this server's limit of {limit} "
+            "(LAYERSERVE_GRAMMAR_MAX_DEPTH)",
+            param=param,
+        )
 
 
 def _settle_choice(request: GenerationRequest, names: set[str]) -> None:
@@ -124,5 +135,5 @@ def _parameters(tool: Tool) -> Any:
     """The parameters schema; text a front end has not already checked is checked here."""
     try:
         return json.loads(tool.parameters)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None

@@ -320,6 +320,23 @@ async def test_history_with_tool_calls_reaches_the_stack(sdk, scripted) -> None:
             "tools[0].function.parameters",
         ),
         ({"guided_grammar": lark_chain(3000)}, "guided_grammar"),
+        (  # nested 300 deep, a forced call: a RecursionError building its schema, a 500
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": json.loads(
+                                '{"type":"object","properties":{"a":' * 300 + "{}" + "}}" * 300
+                            ),
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools[0].function.parameters",
+        ),
         ({"guided_regex": "(a{1000}){1000}"}, "guided_regex"),
         (
             {
@@ -360,6 +377,10 @@ def test_grpc_requests_take_the_same_fields_and_rules() -> None:
     )
     msg.tools[0].parameters = '{"type": "string"}'
     with pytest.raises(Exception) as info:
+        request_from_proto(msg, "gen-2", {}, DEFAULT_LIMITS)
+    assert info.value.param == "tools[0].function.parameters"
+    msg.tools[0].parameters = "[" * 5000 + "]" * 5000  # too deep for json.loads: was a 500
+    with pytest.raises(InvalidArgument) as info:
         request_from_proto(msg, "gen-2", {}, DEFAULT_LIMITS)
     assert info.value.param == "tools[0].function.parameters"
     bad_regex = gateway_pb2.GenerateRequest(
