@@ -125,12 +125,17 @@ class SchedulerPool:
         self, model: str, prompt: list[int], avoid: frozenset[str] = frozenset()
     ) -> SchedulerLink:
         """The replica to run a request on (see scheduler_choice.py). Raises Unavailable
-        when no replica (outside `avoid`) serves the model."""
-        links = [
-            link for link in self.links.values() if link.serves(model) and link.address not in avoid
-        ]
+        when no replica (outside `avoid`) is there to ask."""
+        allowed = [link for link in self.links.values() if link.address not in avoid]
+        links = [link for link in allowed if link.serves(model)]
         if not links:
-            raise Unavailable(f"no scheduler replica serves model `{model}` right now")
+            # What each serves is refreshed every refresh_s: a worker just added may not show
+            # yet. A replica that is up answers for the model itself (NotFound, Unavailable);
+            # a lone replica is always asked, as it was before there were several.
+            links = [link for link in allowed if link.health.serving or len(self.links) == 1]
+            if not links:
+                raise Unavailable(f"no scheduler replica serves model `{model}` right now")
+            return links[0]
         if len(links) == 1:
             return links[0]
         recent = block_hashes(prompt, RECENT_BLOCK_TOKENS, model)
