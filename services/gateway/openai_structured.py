@@ -56,6 +56,8 @@ def schema_text(schema: Any, param: str) -> str:
             schema = json.loads(schema)
         except ValueError as exc:
             raise InvalidArgument(f"{param} is not valid JSON: {exc}", param=param) from None
+        except RecursionError:  # a schema given as text escapes the body's own nesting check
+            raise InvalidArgument(f"{param} is nested too deeply", param=param) from None
     if not isinstance(schema, dict):
         raise InvalidArgument(f"{param} must be a JSON schema (an object)", param=param)
     return json.dumps(schema, ensure_ascii=False, separators=(",", ":"))

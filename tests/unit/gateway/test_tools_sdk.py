@@ -320,6 +320,12 @@ async def test_history_with_tool_calls_reaches_the_stack(sdk, scripted) -> None:
             "tools[0].function.parameters",
         ),
         ({"guided_grammar": lark_chain(3000)}, "guided_grammar"),
+        # A schema given as text, too deep for json.loads: a RecursionError, a 500 before.
+        ({"guided_json": "[" * 5000 + "]" * 5000}, "guided_json"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": "[" * 5000}}]},
+            "tools[0].function.parameters",
+        ),
         (  # nested 300 deep, a forced call: a RecursionError building its schema, a 500
             {
                 "tools": [
