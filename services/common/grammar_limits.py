@@ -62,7 +62,8 @@ class GrammarSettings:
         env="GRAMMAR_MAX_REPEAT",
         default=10000,
         check=positive,
-        help="a counted repetition ({n,m}, minLength, maxItems...), nested ones multiplied",
+        help="a counted repetition ({n,m}, x ~ n) in a regex, grammar or pattern, nested ones "
+        "multiplied",
     )
     timeout_s: float = setting(
         env="GRAMMAR_TIMEOUT_S",
@@ -130,7 +131,6 @@ def check_schema_limits(text: str, limits: GrammarSettings, param: str) -> None:
             limits.max_values,
             "GRAMMAR_MAX_VALUES",
         )
-    _check_repeat(shape.largest_count, limits, param)
     for pattern in shape.patterns:
         _check_repeat(regex_repeat(pattern), limits, param)
 
