@@ -34,7 +34,7 @@ from services.tokenizer.prefix_lookup import PrefixLookup
 from services.tokenizer.request_events import RequestEvents, RequestListener
 from services.tokenizer.request_trace import RequestTracer
 from services.tokenizer.scheduler_pool import SchedulerPool
-from services.tokenizer.structured_check import check_request_structured, structured_of
+from services.tokenizer.structured_check import check_structured_async, structured_of
 from services.tokenizer.text_model import TextModel
 from services.tokenizer.text_stream import TextStream
 from services.tokenizer.tokenize_metrics import TokenizeMetrics
@@ -137,8 +137,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         """A constraint whose grammar does not compile is refused here (InvalidArgument)."""
         structured = structured_of(sampling)
         if structured is not None:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._pool, check_request_structured, model, structured)
+            await check_structured_async(model, structured)  # in a grammar process
 
     async def _prepare(self, request) -> tuple[str, TextModel, list[int]]:
         """Resolves the request's model (an alias picks a target) and tokenizes the prompt

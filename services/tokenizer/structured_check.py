@@ -44,6 +44,13 @@ def check_request_structured(model: TextModel, structured: StructuredOutput) -> 
     grammar_pool().check(structured, param, _vocabulary(model))
 
 
+async def check_structured_async(model: TextModel, structured: StructuredOutput) -> None:
+    """check_request_structured, awaited: the grammar pool's own threads wait for the grammar
+    process, not the threads that tokenize prompts."""
+    param = PARAMS.get(structured.kind, "structured")
+    await grammar_pool().check_async(structured, param, _vocabulary(model))
+
+
 def _vocabulary(model: TextModel) -> Vocabulary:
     with _lock:
         found = _vocabularies.get(model)

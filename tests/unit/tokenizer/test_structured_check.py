@@ -52,3 +52,12 @@ def test_a_grammar_that_would_crash_llguidance_is_refused(model):
     with pytest.raises(InvalidArgument, match="LAYERSERVE_GRAMMAR_MAX_DEPTH") as caught:
         check_request_structured(model, StructuredOutput("json_schema", defs_chain(1000)))
     assert caught.value.param == "response_format"
+
+
+async def test_the_server_awaits_the_check_off_its_tokenize_threads(model):
+    from services.tokenizer.structured_check import check_structured_async
+
+    await check_structured_async(model, StructuredOutput("regex", "[ab]+"))
+    with pytest.raises(InvalidArgument) as caught:
+        await check_structured_async(model, StructuredOutput("regex", "(("))
+    assert caught.value.param == "guided_regex"
