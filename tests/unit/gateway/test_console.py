@@ -18,9 +18,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from services.common import tracing
-from services.common.internal_auth import METADATA_KEY
+from services.common.internal_auth import METADATA_KEY, InternalAuth
+from services.common.tracing import setup_tracing
 from services.gateway.console_routes import RING
 from services.gateway.http_app import BACKEND, create_app
+from services.gateway.trace_receiver import start_receiver
+from services.gateway.trace_ring import TraceRing
 from services.launcher import console_env, parse_args
 from tests.e2e.conftest import free_ports
 from tests.unit.gateway.conftest import front_door
@@ -152,3 +155,21 @@ def test_make_run_sends_traces_to_the_console_unless_the_operator_has_a_collecto
     assert env["LAYERSERVE_SCHEDULER_ADDRESS"] == "127.0.0.1:41001,127.0.0.1:41002"
     collector = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4317"}
     assert "LAYERSERVE_TRACE_RECEIVER" not in console_env(collector, config)
+
+
+def test_only_the_consoles_own_receiver_is_sent_the_internal_token(monkeypatch, receiver_port):
+    ring = TraceRing()
+    start_receiver(f"127.0.0.1:{receiver_port}", ring, InternalAuth(TOKEN))
+
+    def export_one_span() -> None:
+        assert setup_tracing("scheduler")
+        tracing.finish(tracing.start_span("engine step", {}))
+        tracing.shutdown_tracing()  # flushes
+
+    # Named as the operator's collector, it gets the spans without the token: refused here.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{receiver_port}")
+    export_one_span()
+    assert ring.num_spans == 0
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")  # LAYERSERVE_TRACE_RECEIVER alone
+    export_one_span()
+    assert ring.num_spans == 1
