@@ -22,9 +22,9 @@ from tests.e2e.conftest import free_ports
 from tests.reliability.conftest import API_KEY, MODEL, eventually
 
 STREAMS = 600
-MAX_TOKENS = 48
+MAX_TOKENS = 32
 PROMPTS = ("Count with me.", "Tell a story.", "List the planets.", "Spell a word.")
-STEP_S = 0.15  # each null step sleeps this long: the streams last long enough to be cut
+STEP_S = 0.2  # each null step sleeps this long: the streams last long enough to be cut
 METADATA = (("authorization", f"Bearer {API_KEY}"),)
 
 
