@@ -177,7 +177,7 @@ def test_chat_stop_timeline_and_stack_in_a_real_browser(stack, browser, shots):
 
     def whole_trace_shown() -> bool:
         shown = driver.find_elements(By.CSS_SELECTOR, "#trace-detail .span-row")
-        names = {e.text for e in driver.find_elements(By.CSS_SELECTOR, "#trace-detail .span-name")}
+        names = {row.get_attribute("data-name") for row in shown}
         return (
             set(SERVICES) <= {row.get_attribute("data-service") for row in shown}
             and {
@@ -196,7 +196,8 @@ def test_chat_stop_timeline_and_stack_in_a_real_browser(stack, browser, shots):
 
     def open_a_step() -> str:  # its attributes: what the step ran
         for row in driver.find_elements(By.CSS_SELECTOR, "#trace-detail .span-row"):
-            if row.text.startswith("engine step"):
+            if row.get_attribute("data-name") == "engine step":
+                assert "running " in row.text  # the step's batch, beside its name
                 row.click()
                 return text(driver, "#trace-detail .attrs")
         return ""

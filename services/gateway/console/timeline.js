@@ -85,18 +85,37 @@ const LayerserveTimeline = (() => {
     return el("table", { class: "attrs" }, body);
   }
 
+  // A few numbers beside a span's name, so that the timeline reads without opening rows.
+  const BRIEF = [
+    ["layerserve.step.running_sequences", "running"],
+    ["layerserve.step.new_sequences", "new"],
+    ["layerserve.step.tokens", "tok"],
+    ["layerserve.prefill.tokens", "tok"],
+    ["layerserve.cached_prefix_tokens", "cached"],
+    ["layerserve.predicted_cached_prefix_tokens", "predicted"],
+    ["gen_ai.usage.output_tokens", "out"],
+  ];
+
+  function brief(span) {
+    return BRIEF.filter(([key]) => key in span.attributes)
+      .map(([key, label]) => `${label} ${span.attributes[key]}`).join(", ");
+  }
+
   function row(span, depth, t0, total) {
     const service = serviceOf(span);
     const bar = el("span", { class: "span-bar" });
     bar.style.left = ((100 * (span.start_ns - t0)) / total).toFixed(3) + "%";
     bar.style.width = ((100 * (span.end_ns - span.start_ns)) / total).toFixed(3) + "%";
+    const numbers = brief(span);
     const name = el("span", { class: "span-name" }, span.name);
+    if (numbers) name.append(el("span", { class: "muted" }, " " + numbers));
     name.style.paddingLeft = depth * 0.75 + "rem";
     const button = el("button", {
       type: "button",
       class: "span-row svc-" + service + (span.error ? " span-error" : ""),
       "aria-expanded": "false",
       "data-service": service,
+      "data-name": span.name,
       title: span.service + ": " + span.name,
     }, name, el("span", { class: "span-track" }, bar),
     el("span", { class: "span-ms" }, ms(span.end_ns - span.start_ns)));
