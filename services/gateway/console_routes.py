@@ -92,7 +92,7 @@ async def _start_receiver(app: web.Application) -> None:
 @web.middleware
 async def _claim_trace(request: web.Request, handler) -> web.StreamResponse:
     context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
+    if not (context.is_valid and context.trace_flags.sampled):  # no spans will come
         return await handler(request)
     keys: _Keys = request.app[_KEYS]  # type: ignore[assignment]
     owner = request[_OWNER] = TraceOwner(_tenant(request), request[keys.request_id], request.path)
