@@ -9,7 +9,8 @@ those, and `resumed_output_tokens` saying how many of the prompt's last tokens a
 the worker's sampler counts its position (seeded sampling resumes from (seed, position)),
 penalties and structured outputs see them as output. Greedy and seeded requests then end with
 exactly the tokens of an uninterrupted run. At most `max_migrations` moves per request; then,
-or when no other replica serves the model, the request ends with UNAVAILABLE naming why.
+or when no other replica serves the model (within WAIT_FOR_REPLICA_S, while the lost one's
+workers move), the request ends with UNAVAILABLE naming why.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from services.tokenizer.scheduler_pool import SchedulerPool
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MIGRATIONS = 3
+# How long a moving request waits for another replica to serve its model (a lost scheduler's
+# workers register with the others within seconds), checking every RETRY_S.
+WAIT_FOR_REPLICA_S = 15.0
+RETRY_S = 0.25
 _UNAVAILABLE = code_number(Unavailable(""))
 _ERROR = common_pb2.FINISH_REASON_ERROR
 _UNSPECIFIED = common_pb2.FINISH_REASON_UNSPECIFIED
@@ -103,14 +108,27 @@ class MigratingSink:
     async def _resubmit(self, reason: str, cause: str) -> None:
         request_id = self.submit.request_id
         lost = self.link
-        try:
-            link = await self.pool.choose(self.submit.model, self._prompt(), frozenset(self._tried))
-        except Unavailable:
-            self._fail(
-                f"{_what(reason, lost, cause)}, and no other scheduler replica serves model "
-                f"`{self.submit.model}`"
-            )
-            return
+        waited = 0.0
+        while True:
+            try:
+                link = await self.pool.choose(
+                    self.submit.model, self._prompt(), frozenset(self._tried)
+                )
+                break
+            except Unavailable:
+                # Another replica may get the model's workers within seconds (they move when
+                # theirs is gone): wait for it, as long as there is another at all.
+                if waited >= WAIT_FOR_REPLICA_S or not self.pool.has_other(self._tried):
+                    if self.pool.owns(request_id, lost):
+                        self._fail(
+                            f"{_what(reason, lost, cause)}, and no other scheduler replica "
+                            f"serves model `{self.submit.model}`"
+                        )
+                    return
+            await asyncio.sleep(RETRY_S)
+            waited += RETRY_S
+            if not self.pool.owns(request_id, lost):
+                return  # aborted meanwhile
         if not self.pool.owns(request_id, lost):
             return  # aborted meanwhile
         self.moves += 1

@@ -199,6 +199,10 @@ class SchedulerPool:
         if link is not None:
             link.requests.discard(request_id)
 
+    def has_other(self, tried: set[str]) -> bool:
+        """Whether some replica is not among `tried` (addresses)."""
+        return any(address not in tried for address in self.links)
+
     def owns(self, request_id: str, link: SchedulerLink) -> bool:
         """Whether the request is still open and was last sent to `link`."""
         return self._owner.get(request_id) is link

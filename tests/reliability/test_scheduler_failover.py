@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import time
 from collections.abc import Callable
+from functools import partial
 
 import grpc
 import httpx
@@ -58,22 +60,26 @@ async def generate(stub, prompt: str, started: asyncio.Event | None = None) -> t
     return ids, "".join(text), finish
 
 
-async def streams_through_a_kill(stack: Stack) -> tuple[dict, list, float]:
+async def streams_through(
+    stack: Stack, streams: int, fault: Callable[[], None]
+) -> tuple[dict, list, float]:
+    """Uninterrupted runs of each prompt, then `streams` streams with `fault` injected once
+    half have started: (reference by prompt, each stream's result, seconds after the fault)."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.config.grpc_port}") as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         runs = await asyncio.gather(*(generate(stub, p) for p in PROMPTS))
         reference = dict(zip(PROMPTS, runs, strict=True))  # uninterrupted
-        started = [asyncio.Event() for _ in range(STREAMS)]
+        started = [asyncio.Event() for _ in range(streams)]
         tasks = [
             asyncio.ensure_future(generate(stub, PROMPTS[i % len(PROMPTS)], started[i]))
-            for i in range(STREAMS)
+            for i in range(streams)
         ]
         # Half of them under way (starting 600 streams takes seconds on a busy machine: by the
         # time the last starts, the first may be done), the rest still arriving.
-        while sum(e.is_set() for e in started) < STREAMS // 2:
+        while sum(e.is_set() for e in started) < streams // 2:
             await asyncio.sleep(0.05)
         killed_at = time.monotonic()
-        await asyncio.get_running_loop().run_in_executor(None, stack.kill, "scheduler0")
+        await asyncio.get_running_loop().run_in_executor(None, fault)
         results = await asyncio.gather(*tasks)
         return reference, results, time.monotonic() - killed_at
 
@@ -87,6 +93,15 @@ def workers_of(stack: Stack, port: int) -> set[str]:
         except grpc.RpcError:
             return set()
     return {w.address for w in stats.workers}
+
+
+def assert_as_uninterrupted(reference: dict, results: list) -> None:
+    for prompt, (ids, text, finish) in reference.items():
+        assert len(ids) == MAX_TOKENS and finish, (prompt, text)
+    wrong = [
+        (i, r[1][:80]) for i, r in enumerate(results) if r != reference[PROMPTS[i % len(PROMPTS)]]
+    ]
+    assert not wrong, f"{len(wrong)} of {len(results)} streams differ, e.g. {wrong[:3]}"
 
 
 def migrations(stack: Stack) -> float:
@@ -103,14 +118,10 @@ def test_every_stream_completes_with_its_text_when_a_scheduler_dies(
     homed = workers_of(stack, ports[0])
     assert len(homed) == 2, homed  # each scheduler has its two workers
 
-    reference, results, took_s = asyncio.run(streams_through_a_kill(stack))
+    kill = partial(stack.kill, "scheduler0")
+    reference, results, took_s = asyncio.run(streams_through(stack, STREAMS, kill))
 
-    for prompt, (ids, text, finish) in reference.items():
-        assert len(ids) == MAX_TOKENS and finish, (prompt, text)
-    wrong = [
-        (i, r[1][:80]) for i, r in enumerate(results) if r != reference[PROMPTS[i % len(PROMPTS)]]
-    ]
-    assert not wrong, f"{len(wrong)} of {STREAMS} streams differ, e.g. {wrong[:3]}"
+    assert_as_uninterrupted(reference, results)
     moved = migrations(stack)
     assert moved >= STREAMS / 20, moved  # a third of those under way ran on the killed one
     assert took_s < 60
@@ -125,3 +136,32 @@ def test_every_stream_completes_with_its_text_when_a_scheduler_dies(
         "workers gone from the fallbacks",
         30,
     )
+
+
+def test_streams_of_a_frozen_scheduler_move_once_its_connection_times_out(
+    own_stack: Callable[..., Stack],
+):
+    """SIGSTOP: no reset, no close; keepalive pings (shortened here to 1 s) find it."""
+    ports = free_ports(3)
+    stack = own_stack(
+        num_schedulers=2,
+        other_scheduler_ports=(ports[0],),
+        worker_ports=(ports[1],),
+        metrics_ports={"tokenizer": ports[2]},
+        worker_args=["--num-blocks", "2048", "--null-step-seconds", str(STEP_S)],
+        env={
+            "LAYERSERVE_API_KEYS": API_KEY,
+            "LAYERSERVE_GRPC_KEEPALIVE_S": "1",
+            "LAYERSERVE_GRPC_KEEPALIVE_TIMEOUT_S": "1",
+        },
+    )
+    # One worker, homed at scheduler 0: frozen with it, it moves to scheduler 1 once its
+    # stream times out, and the frozen scheduler's requests follow it there.
+    frozen = stack.procs["scheduler0"]
+    stop = partial(frozen.send_signal, signal.SIGSTOP)
+    try:
+        reference, results, took_s = asyncio.run(streams_through(stack, 40, stop))
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    assert_as_uninterrupted(reference, results)
+    assert migrations(stack) >= 10

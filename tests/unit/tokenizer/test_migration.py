@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from layerserve.common.v1 import common_pb2
 from layerserve.scheduler.v1 import scheduler_pb2
 from services.common.errors import Unavailable
+from services.tokenizer import migration
 from services.tokenizer.migration import MigratingSink
 from services.tokenizer.request_events import RequestListener
 
@@ -22,14 +25,18 @@ class Pool:
 
     def __init__(self, *addresses: str) -> None:
         self.links = [Link(a) for a in addresses]
+        self.down: set[str] = set()  # replicas serving no worker of the model yet
         self.sent: list[tuple[str, scheduler_pb2.Submit]] = []
         self.owner: dict[str, Link] = {}
 
     async def choose(self, model, prompt, avoid=frozenset()):
         for link in self.links:
-            if link.address not in avoid:
+            if link.address not in avoid and link.address not in self.down:
                 return link
         raise Unavailable("none")
+
+    def has_other(self, tried) -> bool:
+        return any(link.address not in tried for link in self.links)
 
     def submit(self, link, submit, sink) -> None:
         self.owner[submit.request_id] = link
@@ -130,3 +137,25 @@ async def test_an_abort_while_moving_submits_nothing() -> None:
     pool.ended("r")  # the client went away before another replica was chosen
     await settle()
     assert len(pool.sent) == 1 and events.moves == []
+
+
+async def test_it_waits_for_a_replica_to_get_the_models_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(migration, "RETRY_S", 0.01)
+    pool = Pool("a:1", "b:1")
+    pool.down.add("b:1")  # the lost replica's workers have not moved to b yet
+    migrating, sink, _ = started(pool)
+    migrating(tokens(7))
+    migrating(Unavailable("lost"))
+    await asyncio.sleep(0.1)
+    assert len(pool.sent) == 1 and len(sink.got) == 1  # still waiting, no error
+    pool.down.clear()
+    await asyncio.sleep(0.1)
+    assert pool.sent[-1][0] == "b:1"
+    monkeypatch.setattr(migration, "WAIT_FOR_REPLICA_S", 0.05)
+    pool.links.append(Link("c:1"))
+    pool.down.add("c:1")
+    migrating(Unavailable("lost b"))
+    await asyncio.sleep(0.2)
+    assert isinstance(sink.got[-1], Unavailable)  # c never got the model's workers
