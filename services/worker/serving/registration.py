@@ -139,10 +139,10 @@ class Registration:
         misses = 0  # failed tries in a row while never registered
         while True:
             try:
-                await self._go_home_if_back()
+                moved = await self._go_home_if_back()
                 try:
                     if not await self._is_listed():
-                        await self._add(again=registered)
+                        await self._add(again=registered and not moved)
                 except grpc.aio.AioRpcError as err:
                     # At start-up home may just be slower to come up than this worker: it gets
                     # a few tries (seconds) before another scheduler takes the worker.
@@ -183,17 +183,18 @@ class Registration:
         self.scheduler = lost
         raise err
 
-    async def _go_home_if_back(self) -> None:
-        """Away from home while the home answers again: drain from here, then go home."""
+    async def _go_home_if_back(self) -> bool:
+        """Away from home while the home answers again: drain from here, then go home.
+        Returns whether it did."""
         home = self.schedulers[0]
         if self.scheduler == home:
-            return
+            return False
         try:
             await self._admins[home].ListWorkers(
                 admin_pb2.ListWorkersRequest(), metadata=self._metadata, timeout=CALL_TIMEOUT_S
             )
         except grpc.aio.AioRpcError:
-            return  # still away
+            return False  # still away
         log.info("the home scheduler at %s answers again: moving back to it", home)
         try:
             await self._remove(self._move_drain_s)
@@ -201,6 +202,7 @@ class Registration:
             if err.code() not in (*_GONE, grpc.StatusCode.NOT_FOUND):
                 raise
         self.scheduler = home
+        return True
 
     async def _is_listed(self) -> bool:
         listed = await self._call(self._admin.ListWorkers, admin_pb2.ListWorkersRequest())
