@@ -8,6 +8,7 @@ import pytest
 
 from services.common.block_hash import block_hashes
 from services.common.errors import Unavailable
+from services.tokenizer import scheduler_pool
 from services.tokenizer.model_catalog import ServedModel, StackView
 from services.tokenizer.scheduler_link import WorkerView
 from services.tokenizer.scheduler_pool import SchedulerPool
@@ -62,3 +63,27 @@ async def test_only_serving_replicas_of_the_model_are_chosen() -> None:
     assert (await schedulers.choose("other", PROMPT)).address == "s1:1"
     with pytest.raises(Unavailable, match="model `m`"):  # the only one left is down
         await schedulers.choose("m", PROMPT, avoid=frozenset({"s1:1", "s2:1"}))
+
+
+async def test_a_dns_name_follows_replicas_as_they_come_and_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    found = ["10.0.0.1:50060", "10.0.0.2:50060"]
+
+    async def resolve(entries):
+        assert entries == ("dns:///scheduler-headless:50060",)
+        return list(found)
+
+    monkeypatch.setattr(scheduler_pool, "resolve_schedulers", resolve)
+    schedulers = SchedulerPool("dns:///scheduler-headless:50060")
+    await schedulers._follow_replicas()
+    assert sorted(schedulers.links) == found
+    busy = schedulers.links["10.0.0.1:50060"]
+    busy.requests.add("r1")  # a replica gone from DNS keeps its link while it runs requests
+    found[:] = ["10.0.0.3:50060"]
+    await schedulers._follow_replicas()
+    assert sorted(schedulers.links) == ["10.0.0.1:50060", "10.0.0.3:50060"]
+    busy.requests.clear()
+    await schedulers._follow_replicas()
+    assert sorted(schedulers.links) == ["10.0.0.3:50060"]
+    await schedulers.close()
