@@ -40,6 +40,7 @@ def admit(
     trace_context: dict[str, str],
     limits: ModelLimits,
     tenant: str = "",
+    resumed_output_tokens: int = 0,
 ) -> Request:
     """Raises InvalidArgument when the request can never run on this model. Resolves
     max_tokens, the one place it is: a cap is lowered to what fits, a strict one must fit."""
@@ -87,12 +88,21 @@ def admit(
             f"({kv_capacity} tokens). Reduce the prompt or max_tokens.",
             param="max_tokens",
         )
+    if not 0 <= resumed_output_tokens < num_prompt:
+        raise InvalidArgument(
+            f"resumed_output_tokens must be in [0, {num_prompt}), got {resumed_output_tokens}",
+            param="resumed_output_tokens",
+        )
     sampling.validate()
     stops = frozenset(stop_token_ids) | (frozenset() if ignore_eos else limits.eos_token_ids)
+    # A migrated request's tokens already produced are its first outputs: positions (seeded
+    # sampling), penalties, stops and max_tokens count them as they did before the move.
+    split = num_prompt - resumed_output_tokens
     return Request(
         request_id=request_id,
-        prompt_token_ids=list(prompt_token_ids),
-        max_tokens=resolved,
+        prompt_token_ids=list(prompt_token_ids[:split]),
+        output_token_ids=list(prompt_token_ids[split:]),
+        max_tokens=resolved + resumed_output_tokens,
         sampling=sampling,
         stop_token_ids=stops,
         priority=priority,

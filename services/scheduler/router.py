@@ -135,6 +135,7 @@ class Router:
             trace_context=dict(submission.trace_context),
             limits=limits,
             tenant=submission.tenant,
+            resumed_output_tokens=submission.resumed_output_tokens,
         )
         request.block_hashes = hashes  # computed once for routing; the scheduler reuses them
         if self.picker.wants_hashes:

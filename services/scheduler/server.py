@@ -129,6 +129,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 prefix_hit_tokens=load.prefix_hit_tokens,
                 rejected=load.num_rejected,
                 expired=load.num_expired,
+                block_size=info.block_size,
+                model_fingerprint=info.model_fingerprint,
             )
         return stats
 
@@ -156,6 +158,7 @@ def submission_from_proto(msg: scheduler_pb2.Submit) -> Submission:
         priority=msg.priority,
         tenant=msg.tenant,
         trace_context=dict(msg.trace.carrier),
+        resumed_output_tokens=msg.resumed_output_tokens,
     )
 
 

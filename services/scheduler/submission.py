@@ -21,3 +21,6 @@ class Submission:
     priority: int = 0
     tenant: str = ""  # non-secret id of the caller's API key; "" = anonymous
     trace_context: dict[str, str] = field(default_factory=dict)  # the caller's span (W3C)
+    # The last this-many prompt_token_ids are output already produced (a request migrated
+    # from a lost scheduler replica): they become the Request's first output tokens.
+    resumed_output_tokens: int = 0
