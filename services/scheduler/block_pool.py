@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
-from services.scheduler.block_hash import BlockHash
+from services.common.block_hash import BlockHash
 from services.scheduler.cache_events import CacheEventListener
 
 CacheKey = tuple[int, BlockHash]  # (KV cache group, block hash)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.scheduler.block_hash import BlockHash
+from services.common.block_hash import BlockHash
 
 
 class CacheEventListener(Protocol):

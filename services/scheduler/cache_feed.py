@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from services.scheduler.block_hash import BlockHash
+from services.common.block_hash import BlockHash
 from services.scheduler.cache_publisher import CachePublisher, FullState
 from services.scheduler.cache_reader import PrefixIndexReader
 from services.scheduler.prefix_index import PrefixIndex, WorkerKey, worker_key

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
-from services.scheduler.block_hash import BlockHash
+from services.common.block_hash import BlockHash
 from services.scheduler.prefix_index import WorkerKey
 from services.scheduler.prefix_store import Batch, PrefixStore
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 
-from services.scheduler.block_hash import BlockHash, block_hashes
+from services.common.block_hash import BlockHash, block_hashes
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.request import Request
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.scheduler.block_hash import BlockHash
+from services.common.block_hash import BlockHash
 
 WorkerKey = str  # "model@host:port": one replica of one model
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from services.scheduler.block_hash import BlockHash
+from services.common.block_hash import BlockHash
 from services.scheduler.prefix_index import WorkerKey
 
 HASH_BYTES = 16  # block_hash.chain_hash digests

@@ -6,9 +6,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from services.common.block_hash import BlockHash
 from services.common.errors import LayerserveError
 from services.common.sampling import SamplingOptions
-from services.scheduler.block_hash import BlockHash
 from services.scheduler.spec_policy import Acceptance
 
 

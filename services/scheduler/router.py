@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from services.common.block_hash import BlockHash, block_hashes
 from services.common.errors import InvalidArgument, NotFound, Unavailable
 from services.scheduler.admission import ModelLimits, admit
-from services.scheduler.block_hash import BlockHash, block_hashes
 from services.scheduler.engine import Engine
 from services.scheduler.prefix_index import worker_key
 from services.scheduler.routing import Choice, Replica, ReplicaPicker

@@ -8,9 +8,9 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.scheduler.block_hash import BlockHash
+from services.common.block_hash import BlockHash
+from services.common.recent_routes import RecentRoutes
 from services.scheduler.prefix_index import PrefixIndex, WorkerKey
-from services.scheduler.recent_routes import RecentRoutes
 from services.scheduler.worker_load import WorkerLoad
 
 # What one running request costs its replica, in prompt tokens: each decode step of a larger

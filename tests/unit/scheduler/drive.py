@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.block_hash import BlockHash
 from services.common.sampling import SamplingOptions
-from services.scheduler.block_hash import BlockHash
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request

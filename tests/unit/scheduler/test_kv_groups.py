@@ -10,12 +10,12 @@ import dataclasses
 import pytest
 
 from layerserve.worker.v1 import worker_pb2
+from services.common.block_hash import block_hashes
 from services.common.errors import InvalidArgument
 from services.common.max_tokens import MaxTokens
 from services.common.sampling import SamplingOptions
 from services.common.sampling_proto import sampling_to_proto
 from services.scheduler.admission import ModelLimits, admit
-from services.scheduler.block_hash import block_hashes
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager, group_windows, token_capacity
 from services.scheduler.scheduler import SchedulerLimits

@@ -3,7 +3,7 @@ cache, what the worker is told, and that every block comes back (blocks of 4 tok
 
 from __future__ import annotations
 
-from services.scheduler.block_hash import block_hashes
+from services.common.block_hash import block_hashes
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.output import Output
