@@ -7,6 +7,8 @@ pre-tokenised workloads (docs/benchmarks.md says what each level reports).
     layerserve bench --level l0,l1,l2,l3 --workload mixed,shared-prefix --scale full
     layerserve bench --level l2 --workload long-context --baselines hf-static,llama-cpp
     layerserve bench --sampling sampled               # half the rows: no greedy second row
+    layerserve bench --level l2 --workload single-stream,mixed --scale small-16 --threads 1
+    layerserve bench --precision equal                # both sides float32 only
     layerserve bench ... --update-docs                # also regenerate docs/benchmarks.md's section
 
 Writes results.json, results.md and latency_throughput.png to --out; a progress bar on
@@ -33,6 +35,7 @@ from benchmarks.machine import busy_reason, ceilings, load_average, machine
 from benchmarks.metrics import Slo
 from benchmarks.offline import MODEL
 from benchmarks.plot import plot_latency_throughput
+from benchmarks.precision import Precision, add_flags, from_flags
 from benchmarks.progress import Progress
 from benchmarks.sampling import SAMPLINGS, Sampling, sampling_named
 from benchmarks.scales import SCALES, Scale, scale_named
@@ -61,6 +64,7 @@ class BenchConfig:
     threads: int  # torch intra-op threads here and in L3's worker; 0: torch's default
     samplings: tuple[Sampling, ...]  # each workload runs once per mode, in this order
     allow_busy: bool  # --update-docs even when the machine was busy at the start
+    precisions: tuple[Precision, ...]  # L2's pairings (benchmarks/precision.py); L3: the first
 
 
 def parse_config(argv: list[str]) -> BenchConfig:
@@ -100,6 +104,7 @@ def parse_config(argv: list[str]) -> BenchConfig:
             sampling_named(n) for n in _choices("--sampling", a.sampling, tuple(SAMPLINGS))
         ),
         allow_busy=a.allow_busy,
+        precisions=from_flags(a),
     )
 
 
@@ -146,6 +151,7 @@ def _parser() -> argparse.ArgumentParser:
         "cores; the docs then say the run was measured on a busy machine",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_flags(p)
     return p
 
 
@@ -170,11 +176,11 @@ def run(config: BenchConfig, load_at_start: list[float] | None = None) -> dict:
     l1 = L1Plan(config.scale, config.seed, config.repeats)
     l2 = L2Plan(
         config.scale, config.seed, config.workloads, config.baselines, config.repeats,
-        config.samplings,
+        config.samplings, config.precisions, config.threads,
     )  # fmt: skip
     l3 = L3Plan(
         config.scale, config.seed, config.workloads, config.concurrency, config.rates,
-        config.slo, config.repeats, config.threads, config.samplings,
+        config.slo, config.repeats, config.threads, config.samplings, config.precisions[0],
     )  # fmt: skip
     if config.threads:
         import torch
@@ -188,12 +194,12 @@ def run(config: BenchConfig, load_at_start: list[float] | None = None) -> dict:
         if "l0" in config.levels:
             report["l0"] = run_l0(progress)
         if "l1" in config.levels or "l2" in config.levels:
-            loaded, hf = _load_models(progress, "l2" in config.levels)
+            loaded = _load_model(progress)
             if "l1" in config.levels:
                 report["l1"] = run_l1(l1, loaded, report["ceilings"]["copy_GB_s"], progress)
             if "l2" in config.levels:
-                report["l2"] = run_l2(l2, loaded, hf, progress)
-            del loaded, hf  # L3's worker is its own process: leave it the memory
+                report["l2"] = run_l2(l2, loaded, progress)
+            del loaded  # L3's worker is its own process: leave it the memory
         if "l3" in config.levels:
             report["l3"] = run_l3(l3, progress)
             _add_l3_over_l2(report)
@@ -214,7 +220,15 @@ def _report_head(config: BenchConfig, load: list[float]) -> dict:
         "levels": list(config.levels),
         "workloads": list(config.workloads),
         "model": MODEL,
-        "dtype": "float32",
+        "dtype": "float32",  # L1's and the gate's; L2 and L3 run at `precisions`
+        "precisions": {
+            p.name: {
+                "layerserve": p.layerserve(),
+                "llama_cpp": p.llama_cpp_type,
+                "reason": p.reason,
+            }
+            for p in config.precisions
+        },  # fmt: skip
         "repeats": config.repeats,
         "samplings": {s.name: s.describe() for s in config.samplings},
         "slo": {"ttft_ms": 1000 * config.slo.ttft_s, "tpot_ms": 1000 * config.slo.tpot_s},
@@ -226,26 +240,27 @@ def _report_head(config: BenchConfig, load: list[float]) -> dict:
     }
 
 
-def _load_models(progress: Progress, with_hf: bool) -> tuple:
-    """SmolLM2-135M from the packaged GGUF on the CPU in float32, and transformers'
-    LlamaForCausalLM holding the very same weights (for L2)."""
+def _load_model(progress: Progress):
+    """SmolLM2-135M from the packaged GGUF on the CPU in float32 (L1's and the L2 gate's;
+    transformers loads its own copy in its child process)."""
     import torch
 
-    from benchmarks.hf_baseline import hf_model
     from services.worker.model.loader import default_path, load_model
 
     progress.stage("loading the model")
-    loaded = load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
-    return loaded, hf_model(loaded, torch.float32) if with_hf else None
+    return load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
 
 
 def _add_l3_over_l2(report: dict) -> None:
     """Each L3 row's output tok/s over the L2 engine's on the same workload (prefix cache as
     in the row): the price of the microservice split."""
+    pairing = next(iter(report.get("precisions", {"default": None})))  # L3's worker's
     l2 = {
         (r["workload"], r["sampling"], r["system"] == "layerserve"): r["output_tok_s"]
         for r in report.get("l2", {}).get("rows", [])
-        if r["system"] in ("layerserve", "layerserve, prefix cache off") and r["output_tok_s"]
+        if r["system"] in ("layerserve", "layerserve, prefix cache off")
+        and r["output_tok_s"]
+        and r.get("precision", pairing) == pairing
     }
     for row in report["l3"]["rows"]:
         base = l2.get((row["workload"], row["sampling"], row["prefix_cache"]))

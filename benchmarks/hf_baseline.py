@@ -1,7 +1,8 @@
 """The baselines: Hugging Face transformers' LlamaForCausalLM with the very same weights (taken
 from our loader, so both read the same dequantised GGUF): generate() on static padded batches,
 and transformers' own continuous batching (`ContinuousBatchingManager`, transformers >= 5),
-greedy or sampled (benchmarks/sampling.py)."""
+greedy or sampled (benchmarks/sampling.py). The bench runs them in a child process
+(load_hf, benchmarks/baseline_process.py), as every baseline."""
 
 from __future__ import annotations
 
@@ -40,6 +41,18 @@ def hf_model(loaded: LoadedModel, dtype: torch.dtype):
     if c.tie_word_embeddings:
         model.tie_weights()
     return model
+
+
+def load_hf(dtype: str = "float32", threads: int = 0):
+    """transformers' model on the packaged GGUF's weights, loaded here: a child process's
+    factory (the model never crosses the process boundary). threads: torch's (0: default)."""
+    from services.worker.model.loader import default_path, load_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch_dtype = getattr(torch, dtype)
+    loaded = load_model(default_path(), dtype=torch_dtype, device=torch.device("cpu"))
+    return hf_model(loaded, torch_dtype)
 
 
 def _no_init_weights():

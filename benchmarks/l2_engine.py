@@ -1,39 +1,46 @@
 """L2: the engine offline (scheduler + worker in one process, no RPC) against transformers on
-the same model, dtype and pre-tokenised prompts: generate() on static padded batches
-(`hf-static`) and transformers' continuous batching (`hf-continuous`); and against llama.cpp
-on the same GGUF (`llama-cpp`, benchmarks/llama_cpp_baseline.py). EOS ignored; each workload
-runs once per sampling mode (benchmarks/sampling.py: `sampled` as clients do, `greedy`).
+the same model and pre-tokenised prompts: generate() on static padded batches (`hf-static`)
+and transformers' continuous batching (`hf-continuous`); and against llama.cpp on the same
+GGUF (`llama-cpp`, benchmarks/llama_cpp_baseline.py). EOS ignored; each workload runs once per
+sampling mode (benchmarks/sampling.py: `sampled` as clients do, `greedy`) and layerserve and
+llama.cpp once per precision pairing (benchmarks/precision.py: each at its default, and both
+at equal precision). Every baseline runs in a child process of its own: one that crashes gets
+a row that says so, and the run goes on.
 
-A correctness gate comes first: greedy tokens of the engine equal generate()'s on the first
-`scale.gate_prompts` prompts; if they do not, no L2 number is measured. llama.cpp's greedy
-agreement is reported beside it, on prompts that repeat a pattern, and is not part of the gate:
-its quantised dot products are not the dequantised float32 arithmetic both other sides do."""
+The correctness gate comes first (benchmarks/l2_gate.py). The timed runs are interleaved:
+each repeat runs every side once, so a change in the machine's load hits all of them."""
 
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from benchmarks.hf_baseline import continuous_batching_available, hf_continuous, hf_generate
-from benchmarks.llama_cpp_baseline import (
-    NOT_INSTALLED,
-    LlamaCppBudget,
-    LlamaCppEngine,
-    llama_cpp_available,
+from benchmarks.baseline_process import BaselineCrashed, BaselineProcess
+from benchmarks.hf_baseline import load_hf
+from benchmarks.l2_gate import correctness_gate
+from benchmarks.l2_sides import (
+    Job,
+    System,
+    engine_systems,
+    hf_systems,
+    limits,
+    llama_system,
+    start_llama_cpp,
 )
-from benchmarks.offline import BLOCK_SIZE, OfflineEngine, make_runner, service_async_scheduling
+from benchmarks.llama_cpp_baseline import NOT_INSTALLED, llama_cpp_available, shipped_type
+from benchmarks.precision import Precision, load_layerserve
 from benchmarks.progress import Progress
 from benchmarks.sampling import GREEDY, Sampling, request_seeds
 from benchmarks.scales import Scale
-from benchmarks.workload import Item, build_workload, describe
-from services.scheduler.scheduler import SchedulerLimits
+from benchmarks.workload import Item, build_workload, describe, in_flight
 from services.worker.model.loader import LoadedModel, default_path
 
 BASELINES = ("hf-static", "hf-continuous", "llama-cpp")
+HF_BASELINES = ("hf-static", "hf-continuous")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +51,47 @@ class L2Plan:
     baselines: tuple[str, ...]
     repeats: int
     samplings: tuple[Sampling, ...] = (GREEDY,)
+    precisions: tuple[Precision, ...] = ()  # layerserve and llama.cpp run once per pairing
+    threads: int = 0  # torch's (and llama.cpp's) threads; 0: torch's default
 
     def runs(self) -> int:
-        """Timed runs, for the progress bar: the engine (twice for shared-prefix: cache on and
-        off) and each baseline, `repeats` times per workload and sampling mode."""
-        systems = sum(1 + len(self.baselines) + (w == "shared-prefix") for w in self.workloads)
+        """Timed runs, for the progress bar: per workload and sampling mode, the engine
+        (twice for shared-prefix: cache on and off) and llama.cpp once per precision pairing,
+        transformers' baselines once, `repeats` times each."""
+        per_pairing = "llama-cpp" in self.baselines
+        hf = sum(b in self.baselines for b in HF_BASELINES)
+        systems = sum(
+            (1 + per_pairing + (w == "shared-prefix")) * len(self.precisions) + hf
+            for w in self.workloads
+        )
         return systems * len(self.samplings) * self.repeats
 
 
-def run_l2(plan: L2Plan, loaded: LoadedModel, hf, progress: Progress) -> dict:
-    """{"gate": ..., "rows": [one per workload and system], "workloads": {name: description}}."""
-    gate = correctness_gate(plan, loaded, hf, progress)
+def run_l2(plan: L2Plan, loaded: LoadedModel, progress: Progress) -> dict:
+    """{"gate": ..., "rows": [one per workload, sampling, pairing and system], "workloads":
+    {name: description}}. loaded: the model in float32 (the gate's and `equal`'s)."""
+    models = {p.name: _model_at(p, loaded, progress) for p in plan.precisions}
+    hf = BaselineProcess(load_hf, "float32", plan.threads)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-l2-") as workdir:
+            return _measure_all(plan, loaded, models, hf, Path(workdir), progress)
+    finally:
+        hf.close()
+
+
+def _measure_all(plan: L2Plan, loaded, models: dict, hf: BaselineProcess, workdir: Path,
+                 progress: Progress) -> dict:  # fmt: skip
+    items = build_workload(plan.workloads[0], plan.scale, plan.seed)[: plan.scale.gate_prompts]
+    gate_limits = limits(_job(plan, plan.workloads[0], items, GREEDY), True)
+    llama = _llama_cpp(plan, plan.workloads[0], items, plan.precisions[0], workdir)
+    try:
+        gate = correctness_gate(
+            items, plan.scale.gate_tokens, gate_limits, loaded, hf, llama, progress,
+            "hf-continuous" in plan.baselines,
+        )  # fmt: skip
+    finally:
+        if llama is not None:
+            llama.close()
     result: dict = {"gate": gate, "rows": [], "workloads": {}}
     if not gate["passed"]:
         progress.note(f"L2 correctness gate FAILED ({gate['engine']}): no L2 numbers measured")
@@ -63,231 +100,141 @@ def run_l2(plan: L2Plan, loaded: LoadedModel, hf, progress: Progress) -> dict:
     for name in plan.workloads:
         items = build_workload(name, plan.scale, plan.seed)
         result["workloads"][name] = describe(items)
-        llama = _llama_engine(plan, items)
+        llamas = {p.name: _llama_cpp(plan, name, items, p, workdir) for p in plan.precisions}
         try:
             for sampling in plan.samplings:
-                result["rows"] += workload_rows(
-                    plan, name, items, sampling, (loaded, hf, llama), gate, progress
-                )
+                job = _job(plan, name, items, sampling)
+                result["rows"] += workload_rows(plan, job, models, hf, llamas, gate, progress)
         finally:
-            if llama is not None:
-                llama.close()
+            for process in llamas.values():
+                if process is not None:
+                    process.close()
     return result
 
 
-def correctness_gate(plan: L2Plan, loaded: LoadedModel, hf, progress: Progress) -> dict:
-    """Greedy tokens of the engine and of hf-continuous against generate() (one prompt at a time,
-    no padding) on the first prompts of the first workload."""
-    progress.stage("L2 correctness gate")
-    items = build_workload(plan.workloads[0], plan.scale, plan.seed)[: plan.scale.gate_prompts]
-    prompts, outs = [i.prompt_ids for i in items], [plan.scale.gate_tokens] * len(items)
-    reference = hf_generate(hf, prompts, outs, batch_size=1)
-    engine = OfflineEngine(make_runner(loaded, _blocks_for(items, plan.scale)), _limits(plan, True))
-    ours = engine.generate(prompts, outs)
-    same = sum(ours[f"r{i}"] == reference[i] for i in range(len(items)))
-    gate = {
-        "prompts": len(items),
-        "tokens": plan.scale.gate_tokens,
-        "engine": f"{same}/{len(items)}",
-        "passed": same == len(items),
-    }
-    if "hf-continuous" in plan.baselines and continuous_batching_available(hf):
-        theirs = hf_continuous(hf, prompts, outs)
-        same_cb = sum(a == b for a, b in zip(theirs, reference, strict=True))
-        gate["hf-continuous"] = f"{same_cb}/{len(items)}"
-    llama = _llama_engine(plan, items)
-    if llama is not None:
-        gate["llama-cpp"] = _llama_cpp_agreement(llama, hf, prompts, outs)
-        llama.close()
-    progress.note(f"L2 correctness gate: {gate}")
-    return gate
+def _model_at(precision: Precision, loaded: LoadedModel, progress: Progress) -> LoadedModel:
+    if precision.dtype == "float32" and precision.quantization == "none":
+        return loaded
+    progress.stage(f"loading the model in {precision.layerserve()}")
+    return load_layerserve(precision)
 
 
-def _llama_cpp_agreement(llama: LlamaCppEngine, hf, prompts: list[list[int]], outs: list[int]):
-    """Greedy agreement of llama.cpp with generate() on prompts that repeat a short pattern:
-    their continuation is near-certain, so only a real fault (positions, sequences, batching)
-    and not the rounding of Q4_1 dot products can change a token. On random ids the next-token
-    distribution is flat enough that rounding alone flips the argmax."""
-    patterned = [(p[:8] * (len(p) // 8 + 2))[: max(len(p), 16)] for p in prompts]
-    reference = hf_generate(hf, patterned, outs, batch_size=1)
-    theirs = llama.generate(patterned, outs, GREEDY, [0] * len(prompts))
-    same = sum(a == b for a, b in zip(theirs, reference, strict=True))
-    return f"{same}/{len(prompts)}"
+def _job(plan: L2Plan, name: str, items: list[Item], sampling: Sampling) -> Job:
+    prompts, outs = [i.prompt_ids for i in items], [i.output_len for i in items]
+    seeds = request_seeds(plan.seed, len(items))
+    return Job(name, prompts, outs, sampling, seeds, in_flight(name, plan.scale), plan.scale)
 
 
-@dataclass(frozen=True, slots=True)
-class _Job:
-    """One workload in one sampling mode, as every side receives it."""
-
-    prompts: list[list[int]]
-    outs: list[int]
-    sampling: Sampling
-    seeds: list[int]  # one per request (benchmarks.sampling.request_seeds)
-
-
-Systems = dict[str, Callable[[], object]]
+def _llama_cpp(plan: L2Plan, name: str, items: list[Item], precision: Precision, workdir: Path):
+    """llama.cpp's child for the named workload's items at `precision`; None when not asked
+    for or not installed."""
+    if "llama-cpp" not in plan.baselines or not llama_cpp_available():
+        return None
+    threads = plan.threads or torch.get_num_threads()
+    width = in_flight(name, plan.scale)
+    return start_llama_cpp(items, width, plan.scale, precision, workdir, threads)
 
 
 def workload_rows(
     plan: L2Plan,
-    name: str,
-    items: list[Item],
-    sampling: Sampling,
-    models: tuple,
+    job: Job,
+    models: dict[str, LoadedModel],
+    hf: BaselineProcess,
+    llamas: dict[str, BaselineProcess | None],
     gate: dict,
     progress: Progress,
 ) -> list[dict]:
-    """One row per system for `name` sampled as `sampling` says; models = (our loaded model,
-    transformers' model, a LlamaCppEngine or None)."""
-    loaded, hf, llama = models
-    prompts, outs = [i.prompt_ids for i in items], [i.output_len for i in items]
-    job = _Job(prompts, outs, sampling, request_seeds(plan.seed, len(items)))
-    systems: Systems = {}
-    notes: dict[str, str] = {}
-    _add_engine(plan, name, loaded, job, systems)
-    _add_hf(plan, hf, job, gate, (systems, notes), progress)
-    _add_llama_cpp(plan, llama, job, gate, (systems, notes), progress)
-    rows = []
-    for system, fn in systems.items():
-        progress.stage(f"L2 {name} ({sampling.name}): {system}")
-        runs = [_timed(fn, progress) for _ in range(plan.repeats)]
-        rows.append(_row(name, sampling.name, system, runs, sum(outs), notes.get(system, "")))
+    """One row per system and pairing for `job`, ratios within its pairing."""
+    systems: list[System] = []
+    skipped: list[dict] = []
+    for precision in plan.precisions:
+        systems += engine_systems(job, precision, models[precision.name])
+        if "llama-cpp" not in plan.baselines:
+            continue
+        llama = llamas.get(precision.name)
+        if llama is None:
+            setting = precision.llama_cpp(shipped_type(default_path()))
+            skipped.append(_row(job, "llama-cpp", precision.name, setting, [], NOT_INSTALLED))
+        else:
+            systems.append(llama_system(job, llama, precision, gate))
+    hf_pairing = "equal" if "equal" in models else plan.precisions[0].name
+    hf_made, hf_skipped = hf_systems(job, hf, plan.baselines, hf_pairing, gate)
+    systems += hf_made
+    skipped += [_row(job, s, hf_pairing, "", [], note) for s, note in hf_skipped.items()]
+    progress.advance(plan.repeats * len(skipped))
+    rows = measure(systems, job, plan.repeats, progress)
     _add_ratios(rows)
-    skipped = [_skipped(name, sampling.name, s, n) for s, n in notes.items() if s not in systems]
     return rows + skipped
 
 
-def _add_engine(plan: L2Plan, name: str, loaded: LoadedModel, job: _Job, systems: Systems) -> None:
-    """layerserve, each request with its own SamplingOptions (and seed); shared-prefix also
-    with the prefix cache off."""
-    options = job.sampling.options(job.seeds)
-    items = [Item(p, n) for p, n in zip(job.prompts, job.outs, strict=True)]
-    runner = make_runner(loaded, _blocks_for(items, plan.scale))
-    for caching in (True, False) if name == "shared-prefix" else (True,):
-        engine = OfflineEngine(runner, _limits(plan, caching), service_async_scheduling())
-        engine.generate(job.prompts[:2], [4, 4], options[:2])  # warm-up, excluded
-        label = "layerserve" if caching else "layerserve, prefix cache off"
-        systems[label] = _fresh_cache_run(engine, job.prompts, job.outs, options)
+def measure(systems: list[System], job: Job, repeats: int, progress: Progress) -> list[dict]:
+    """Warm-ups first, then `repeats` rounds, each running every side once (interleaved). A
+    side whose process crashes gets a row that says so; the others go on."""
+    crashed: dict[int, str] = {}
+    runs: dict[int, list[float]] = {i: [] for i in range(len(systems))}
+    for i, system in enumerate(systems):
+        progress.stage(f"L2 {job.workload} ({job.sampling.name}): warming up {system.label}")
+        _attempt(system.warm_up, i, crashed, progress, repeats)
+    for _ in range(repeats):
+        for i, system in enumerate(systems):
+            if i in crashed:
+                continue
+            progress.stage(f"L2 {job.workload} ({job.sampling.name}, {system.precision}): "
+                           f"{system.label}")  # fmt: skip
+            left = repeats - len(runs[i])
+            seconds = _attempt(system.run, i, crashed, progress, left)
+            if seconds is not None:
+                runs[i].append(seconds)
+                progress.advance()
+    return [
+        _row(job, s.label, s.precision, s.setting, runs[i], crashed.get(i, s.note),
+             crashed=i in crashed)
+        for i, s in enumerate(systems)
+    ]  # fmt: skip
 
 
-def _add_hf(plan: L2Plan, hf, job: _Job, gate: dict, out: tuple, progress: Progress) -> None:
-    """transformers: one seed per static batch, one per continuous-batching run (a batch
-    draws from one torch generator: per-request seeds are impossible there)."""
-    systems, notes = out
-    kw = {"sampling": job.sampling, "seed": plan.seed}
-    prompts, outs, s = job.prompts, job.outs, plan.scale
-    if "hf-static" in plan.baselines:
-        hf_generate(hf, prompts[:2], [4, 4], batch_size=2, **kw)  # warm-up
-        systems["hf-static"] = lambda: hf_generate(
-            hf, prompts, outs, batch_size=s.max_num_seqs, **kw
-        )
-        if not job.sampling.greedy:
-            notes["hf-static"] = "one seed per batch"
-    if "hf-continuous" not in plan.baselines:
-        return
-    if not continuous_batching_available(hf):
-        notes["hf-continuous"] = "not in this transformers version: not run"
-        progress.note("hf-continuous: this transformers has no continuous batching; skipped")
-        progress.advance(plan.repeats)
-        return
-    hf_continuous(hf, prompts[:2], [4, 4], **kw)  # warm-up
-    systems["hf-continuous"] = lambda: hf_continuous(
-        hf, prompts, outs, s.max_num_batched_tokens, s.max_num_seqs, **kw
-    )
-    seeding = "" if job.sampling.greedy else "; one seed per run"
-    notes["hf-continuous"] = f"gate {gate.get('hf-continuous', 'not run')}{seeding}"
-
-
-def _add_llama_cpp(plan: L2Plan, llama, job: _Job, gate: dict, out: tuple, progress) -> None:
-    """llama.cpp with a seed per request, or a row saying it is not installed."""
-    systems, notes = out
-    if "llama-cpp" not in plan.baselines:
-        return
-    if llama is None:
-        notes["llama-cpp"] = NOT_INSTALLED
-        progress.note(f"llama-cpp: {NOT_INSTALLED}; skipped")
-        progress.advance(plan.repeats)
-        return
-    llama.generate(job.prompts[:2], [4, 4], job.sampling, job.seeds[:2])  # warm-up
-    systems["llama-cpp"] = lambda: llama.generate(job.prompts, job.outs, job.sampling, job.seeds)
-    notes["llama-cpp"] = f"{llama.describe()}; greedy agreement {gate.get('llama-cpp')}"
-
-
-def _llama_engine(plan: L2Plan, items: list[Item]) -> LlamaCppEngine | None:
-    """llama.cpp on the GGUF layerserve serves, with layerserve's KV, token, request and thread
-    budgets; None when not asked for or not installed."""
-    if "llama-cpp" not in plan.baselines or not llama_cpp_available():
+def _attempt(fn, index: int, crashed: dict[int, str], progress: Progress, left: int):
+    try:
+        return fn()
+    except BaselineCrashed as err:
+        crashed[index] = str(err)
+        progress.note(f"L2: a baseline {err}; its row says so, the run goes on")
+        progress.advance(left)
         return None
-    s = plan.scale
-    budget = LlamaCppBudget(
-        n_ctx=_blocks_for(items, s) * BLOCK_SIZE,
-        n_batch=s.max_num_batched_tokens,
-        n_seq_max=s.max_num_seqs,
-        n_threads=torch.get_num_threads(),
-    )
-    return LlamaCppEngine(default_path(), budget)
 
 
-def _fresh_cache_run(engine: OfflineEngine, prompts: list[list[int]], outs: list[int], options):
-    """Each timed run starts with an empty prefix cache: only hits within the run count."""
-
-    def run() -> None:
-        engine.scheduler.kv.drop_cache()
-        engine.generate(prompts, outs, options)
-
-    return run
-
-
-def _timed(fn: Callable[[], object], progress: Progress) -> float:
-    started = time.perf_counter()
-    fn()
-    elapsed = time.perf_counter() - started
-    progress.advance()
-    return elapsed
-
-
-def _row(
-    workload: str, sampling: str, system: str, runs: list[float], tokens: int, note: str
-) -> dict:
-    wall = statistics.median(runs)
+def _row(job: Job, system: str, precision: str, setting: str, runs: list[float], note: str,
+         crashed: bool = False) -> dict:  # fmt: skip
+    wall = statistics.median(runs) if runs and not crashed else None
+    tokens = sum(job.outs)
     return {
-        "workload": workload,
-        "sampling": sampling,
+        "workload": job.workload,
+        "sampling": job.sampling.name,
+        "precision": precision,
         "system": system,
+        "setting": setting,
         "wall_s": wall,
         "runs_s": runs,
         "output_tokens": tokens,
-        "output_tok_s": tokens / wall,
-        "note": note,
-    }
-
-
-def _skipped(workload: str, sampling: str, system: str, note: str) -> dict:
-    return {
-        "workload": workload,
-        "sampling": sampling,
-        "system": system,
-        "wall_s": None,
-        "output_tok_s": None,
+        "output_tok_s": None if wall is None else tokens / wall,
+        "crashed": crashed,
         "note": note,
     }
 
 
 def _add_ratios(rows: list[dict]) -> None:
-    """Each row's throughput as a multiple of hf-static's and of llama-cpp's in the same run
-    (rows of one workload and sampling mode)."""
-    for system, key in (("hf-static", "vs_hf_static"), ("llama-cpp", "vs_llama_cpp")):
-        base = next((r["output_tok_s"] for r in rows if r["system"] == system), None)
-        for row in rows:
-            row[key] = None if base is None else row["output_tok_s"] / base
+    """Each row's throughput as a multiple of hf-static's (whatever the pairing: transformers
+    runs once) and of llama-cpp's in the same pairing, in the same run."""
+    hf = next((r["output_tok_s"] for r in rows if r["system"] == "hf-static"), None)
+    for row in rows:
+        llama = next(
+            (r["output_tok_s"] for r in rows
+             if r["system"] == "llama-cpp" and r["precision"] == row["precision"]),
+            None,
+        )  # fmt: skip
+        row["vs_hf_static"] = _over(row["output_tok_s"], hf)
+        row["vs_llama_cpp"] = _over(row["output_tok_s"], llama)
 
 
-def _limits(plan: L2Plan, caching: bool) -> SchedulerLimits:
-    s = plan.scale
-    return SchedulerLimits(s.max_num_batched_tokens, s.max_num_seqs, enable_prefix_caching=caching)
-
-
-def _blocks_for(items: list[Item], scale: Scale) -> int:
-    """KV blocks for the largest `max_num_seqs` requests at once, plus slack."""
-    per_request = sorted(-(-(len(i.prompt_ids) + i.output_len) // BLOCK_SIZE) for i in items)
-    return sum(per_request[-scale.max_num_seqs :]) + 16
+def _over(value: float | None, base: float | None) -> float | None:
+    return None if value is None or not base else value / base

@@ -6,7 +6,9 @@ The stack runs with prefix caching on, as it ships. So that no run hits blocks c
 earlier one, every run sends a fresh variant of the workload: the same lengths, new token ids
 (for shared-prefix, a new shared prefix). Shared-prefix also runs on a second stack with
 caching off. Every request must return exactly the tokens it asked for (EOS is ignored). Each
-workload runs once per sampling mode (benchmarks/sampling.py), each request with its own seed."""
+workload runs once per sampling mode (benchmarks/sampling.py), each request with its own seed.
+The worker computes as L2's first precision pairing says (benchmarks/precision.py; float32
+without one). `single-stream` runs at concurrency 1 only: it is one request at a time."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from pathlib import Path
 from benchmarks.arrivals import poisson_arrivals
 from benchmarks.metrics import Slo
 from benchmarks.offline import BLOCK_SIZE, MODEL
+from benchmarks.precision import Precision
 from benchmarks.progress import Progress
 from benchmarks.sampling import GREEDY, Sampling
 from benchmarks.scales import Scale
@@ -39,11 +42,21 @@ class L3Plan:
     repeats: int
     threads: int = 0  # the worker's --threads (0: torch's default)
     samplings: tuple[Sampling, ...] = (GREEDY,)
+    precision: Precision | None = None  # the worker's dtype and quantization (None: float32)
 
     def runs(self) -> int:
-        points = len(self.concurrency) + len(self.rates)
-        per_setting = sum(1 + (w == "shared-prefix") for w in self.workloads)
-        return per_setting * len(self.samplings) * points * self.repeats
+        per_setting = sum(
+            (1 + (w == "shared-prefix")) * len(self.points(w)) for w in self.workloads
+        )
+        return per_setting * len(self.samplings) * self.repeats
+
+    def points(self, workload: str) -> list[tuple[str, int | None, float | None]]:
+        """(label, max concurrency, Poisson rate) of each sweep point of the workload."""
+        if workload == "single-stream":
+            return [("concurrency 1", 1, None)]
+        return [(f"concurrency {c}", c, None) for c in self.concurrency] + [
+            (f"poisson {r:g}/s", None, r) for r in self.rates
+        ]
 
 
 def run_l3(plan: L3Plan, progress: Progress) -> dict:
@@ -75,11 +88,8 @@ def _sweep(
     variant = iter(range(1, 1 << 30))
     warm = build_workload(name, plan.scale, plan.seed, variant=0)[:2]
     asyncio.run(run_through_gateway(url, MODEL, warm, sampling=sampling))  # warm-up, excluded
-    points: list[tuple[str, int | None, float | None]] = [
-        (f"concurrency {c}", c, None) for c in plan.concurrency
-    ] + [(f"poisson {r:g}/s", None, r) for r in plan.rates]
     rows = []
-    for label, concurrency, rate in points:
+    for label, concurrency, rate in plan.points(name):
         progress.stage(f"L3 {name} ({sampling.name}): {label}" + ("" if caching else ", cache off"))
         runs = []
         for _ in range(plan.repeats):
@@ -96,6 +106,7 @@ def _sweep(
                 "workload": name,
                 "sampling": sampling.name,
                 "prefix_cache": caching,
+                "setting": plan.precision.layerserve() if plan.precision else "float32",
                 "mode": "concurrency" if rate is None else "poisson",
                 "concurrency": concurrency,
                 "rate": rate,
@@ -124,10 +135,9 @@ def _stack_config(plan: L3Plan, caching: bool, log_dir: Path) -> StackConfig:
             str(s.max_num_seqs),
             "--prefix-caching" if caching else "--no-prefix-caching",
         ],
-        # float32 as L2 and the baselines run (the worker's own default is the device's dtype).
         worker_args=[
             *("--num-blocks", str(_num_blocks(plan)), "--threads", str(plan.threads)),
-            *("--dtype", "float32"),
+            *(plan.precision.worker_args() if plan.precision else ("--dtype", "float32")),
         ],
         log_dir=log_dir,
         redis="off",  # one replica: nothing to route; keeps a process off the shared cores

@@ -8,7 +8,9 @@ request's output length out (EOS ignored), the same sampling: temperature -> top
 seeded per request (llama_sampler's `dist`), or greedy.
 
 llama-cpp-python builds llama.cpp from source: it is the optional extra `llama-cpp`
-(pip install -e '.[llama-cpp]'); without it the baseline reports itself as not installed."""
+(pip install -e '.[llama-cpp]'); without it the baseline reports itself as not installed.
+The bench runs it in a child process (open_llama_cpp, benchmarks/baseline_process.py): a
+llama.cpp built for another CPU can die with SIGSEGV, and only its row may go with it."""
 
 from __future__ import annotations
 
@@ -61,6 +63,42 @@ class _Slot:
     @property
     def prefilling(self) -> bool:
         return self.n_past < len(self.prompt)
+
+
+def open_llama_cpp(gguf: Path, budget: LlamaCppBudget, file_type: str, workdir: Path):
+    """A LlamaCppEngine on `gguf` as shipped (file_type "as shipped"), or on the same weights
+    that llama.cpp converts to `file_type` (a key of precision.LLAMA_CPP_TYPES, e.g. "F32"),
+    written once into `workdir` and reused by later calls."""
+    from benchmarks.precision import AS_SHIPPED
+
+    if file_type != AS_SHIPPED:
+        gguf = convert_gguf(gguf, file_type, workdir)
+    return LlamaCppEngine(gguf, budget)
+
+
+def convert_gguf(gguf: Path, file_type: str, workdir: Path) -> Path:
+    """gguf's weights in `file_type`, by llama.cpp's own quantizer (quantised tensors are
+    dequantised first: the values are the shipped file's, stored wider)."""
+    import llama_cpp as ll
+
+    from benchmarks.precision import LLAMA_CPP_TYPES
+
+    out = workdir / f"{gguf.stem}.{file_type}.gguf"
+    if out.exists():
+        return out
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = LLAMA_CPP_TYPES[file_type]
+    params.allow_requantize = True
+    partial = out.with_suffix(".partial")
+    if ll.llama_model_quantize(str(gguf).encode(), str(partial).encode(), params) != 0:
+        raise RuntimeError(f"llama.cpp could not convert {gguf.name} to {file_type}")
+    partial.rename(out)
+    return out
+
+
+def shipped_type(gguf: Path) -> str:
+    """The packaged file's type from its name (SmolLM2-135M-Instruct.Q4_1.gguf: Q4_1)."""
+    return gguf.stem.rsplit(".", 1)[-1] if "." in gguf.stem else "the packaged type"
 
 
 class LlamaCppEngine:

@@ -33,13 +33,19 @@ def plot_latency_throughput(report: dict, path: Path) -> bool:
     m = report["machine"]
     where = m["gpu"] or f"{m['cpus']} CPUs"
     fig.suptitle(
-        f"layerserve bench, scale {report['scale']}, {where}, {report['model']} {report['dtype']}",
+        f"layerserve bench, scale {report['scale']}, {where}, {report['model']} "
+        f"{_l3_setting(rows)}",
         fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _l3_setting(rows: list[dict]) -> str:
+    """What L3's worker computed in (older reports: float32)."""
+    return rows[0].get("setting", "float32")
 
 
 def _series(ax, rows: list[dict], key: str) -> None:
@@ -77,4 +83,5 @@ def _l2_lines(ax, report: dict) -> None:
         style = L2_STYLES[row["system"]]
         ax.axvline(row["output_tok_s"], linestyle=style, color="gray", linewidth=1,
                    label=f"L2 {row['system']} ({row['workload']}, "
-                         f"{row.get('sampling', 'greedy')})")  # fmt: skip
+                         f"{row.get('sampling', 'greedy')}, "
+                         f"{row.get('precision', 'equal')})")  # fmt: skip

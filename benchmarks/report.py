@@ -62,12 +62,24 @@ def _header(report: dict) -> str:
         f"{_triple(load_after)}: other work shared the cores when these exceed 0-1.",
         f"- **Ceilings** measured at the start: copy {c['copy_GB_s']:.3g} GB/s, fp32 matmul "
         f"{c['matmul_GFLOP_s']:.3g} GFLOP/s.",
-        f"- **Model:** {report['model']}, {report['dtype']}; EOS ignored, each request "
+        f"- **Model:** {report['model']}; {_precisions(report)}; EOS ignored, each request "
         "gets exactly its output length; warm-up runs are excluded; each figure is the median "
         f"of {report['repeats']} runs.",
         f"- **Sampling** (every side, each workload once per mode): {_samplings(report)}.",
     ]
     return "\n".join(lines)
+
+
+def _precisions(report: dict) -> str:
+    """Each pairing's formats (benchmarks/precision.py), or the one dtype of older reports."""
+    pairings = report.get("precisions")
+    if not pairings:
+        return report["dtype"]
+    text = "; ".join(
+        f"`{name}`: layerserve {p['layerserve']} ({p['reason']}), llama.cpp {p['llama_cpp']}"
+        for name, p in pairings.items()
+    )
+    return f"precision pairings (L2 runs each; L3's worker the first): {text}; L1 float32"
 
 
 def _samplings(report: dict) -> str:
@@ -139,13 +151,14 @@ def _l2(l2: dict, report: dict) -> str:
     ]
     lines += [f"- `{name}`: {text}" for name, text in l2["workloads"].items()]
     rows = [
-        [r["workload"], r.get("sampling", "greedy"), r["system"], r["wall_s"],
-         _runs(r.get("runs_s")), r["output_tok_s"], _ratio(r.get("vs_hf_static")),
-         _ratio(r.get("vs_llama_cpp")), r["note"]]
+        [r["workload"], r.get("sampling", "greedy"), r.get("precision", "equal"), r["system"],
+         r.get("setting", "float32"), r["wall_s"], _runs(r.get("runs_s")), r["output_tok_s"],
+         _ratio(r.get("vs_hf_static")), _ratio(r.get("vs_llama_cpp")),
+         ("**CRASHED** " if r.get("crashed") else "") + r["note"]]
         for r in l2["rows"]
     ]  # fmt: skip
-    head = ["workload", "sampling", "system", "wall s", "runs s", "output tok/s", "vs hf-static",
-            "vs llama-cpp", "note"]  # fmt: skip
+    head = ["workload", "sampling", "pairing", "system", "ran at", "wall s", "runs s",
+            "output tok/s", "vs hf-static", "vs llama-cpp (same pairing)", "note"]  # fmt: skip
     return "\n".join(lines) + "\n\n" + table(head, rows)
 
 

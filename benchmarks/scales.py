@@ -9,11 +9,17 @@ L3 of one workload in a few minutes on a quiet machine.
   8 streams of 512-1024-token prompts (prefill runs at ~450 tok/s in float32 there, so one
   run's prompts take ~15 s).
 - `full`: the project's sizes (docs/benchmarks.md's workloads a-e): 256 requests of
-  100..1024 tokens; long-context is 64 streams of 1-2k-token prompts, 128 tokens out each."""
+  100..1024 tokens; long-context is 64 streams of 1-2k-token prompts, 128 tokens out each.
+- `small-16`, `small-64`: `small` with 16 and 64 `mixed` requests, all in flight at once
+  (max_num_seqs 16 and 64), of shorter prompts, so the concurrency the issue-29 goal names
+  finishes in minutes.
+
+`single-stream` is the same at every scale but `tiny`: requests sent one at a time, each a
+128-token prompt and 256 tokens out (what one user at a time gets: batch-1 decode)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 Range = tuple[int, int]  # inclusive bounds
 
@@ -33,6 +39,8 @@ class Scale:
     long_streams: int  # (e) long-context: requests, all in flight at once (<= max_num_seqs)
     long_in: Range  # (e) prompt lengths, uniform
     long_out: int  # (e) output length
+    single: Range  # single-stream: (prompt length, output length), one request at a time
+    single_requests: int  # single-stream: requests, sent one after the other
     l1_batches: tuple[int, ...]
     l1_contexts: tuple[int, ...]
     l1_decode_steps: int
@@ -49,7 +57,8 @@ SCALES = {
     "tiny": Scale(
         name="tiny", requests=4, mixed_in=(16, 48), mixed_out=(4, 8), fixed=(32, 8),
         prefill_heavy=(64, 2), decode_heavy=(16, 16), prefix_len=64, prefix_suffix=(8, 16),
-        prefix_out=4, long_streams=4, long_in=(96, 192), long_out=4, l1_batches=(1, 2),
+        prefix_out=4, long_streams=4, long_in=(96, 192), long_out=4, single=(16, 8),
+        single_requests=2, l1_batches=(1, 2),
         l1_contexts=(32,), l1_decode_steps=4,
         concurrency=(1, 4), rates=(2.0,), repeats=1, gate_prompts=2, gate_tokens=4,
         max_num_seqs=8, max_num_batched_tokens=512,
@@ -57,7 +66,8 @@ SCALES = {
     "small": Scale(
         name="small", requests=12, mixed_in=(32, 256), mixed_out=(8, 48), fixed=(256, 32),
         prefill_heavy=(460, 16), decode_heavy=(128, 64), prefix_len=512, prefix_suffix=(16, 64),
-        prefix_out=16, long_streams=8, long_in=(512, 1024), long_out=16, l1_batches=(1, 8),
+        prefix_out=16, long_streams=8, long_in=(512, 1024), long_out=16, single=(128, 256),
+        single_requests=1, l1_batches=(1, 8),
         l1_contexts=(128,), l1_decode_steps=8,
         concurrency=(1, 8), rates=(1.0,), repeats=3, gate_prompts=4, gate_tokens=16,
         max_num_seqs=16, max_num_batched_tokens=2048,
@@ -68,12 +78,17 @@ SCALES = {
         name="full", requests=256, mixed_in=(100, 1024), mixed_out=(100, 1024),
         fixed=(1024, 128), prefill_heavy=(460, 16), decode_heavy=(460, 256), prefix_len=2048,
         prefix_suffix=(32, 128), prefix_out=64, long_streams=64, long_in=(1024, 2048),
-        long_out=128, l1_batches=(1, 8, 32, 64),
+        long_out=128, single=(128, 256), single_requests=4, l1_batches=(1, 8, 32, 64),
         l1_contexts=(128, 1024), l1_decode_steps=32, concurrency=(1, 8, 32, 64, 256),
         rates=(1.0, 4.0, 16.0), repeats=3, gate_prompts=8, gate_tokens=16, max_num_seqs=64,
         max_num_batched_tokens=4096,
     ),
 }  # fmt: skip
+for _streams in (16, 64):  # all in flight at once: each request is a stream
+    SCALES[f"small-{_streams}"] = replace(
+        SCALES["small"], name=f"small-{_streams}", requests=_streams, mixed_in=(32, 128),
+        mixed_out=(16, 48), max_num_seqs=_streams, concurrency=(_streams,),
+    )  # fmt: skip
 
 
 def scale_named(name: str) -> Scale:

@@ -2,9 +2,11 @@
 
 The project's named benchmark workloads at a given Scale: `mixed` (a), `fixed` (b),
 `prefill-heavy` and `decode-heavy` (c), `shared-prefix` (d), `long-context` (e: every
-stream in flight at once, so the KV read dominates the step). A workload's lengths depend on
-(name, scale, seed) only; its token ids also on `variant`, so that repeated runs against a
-server with a prefix cache can send fresh prompts of the very same shape."""
+stream in flight at once, so the KV read dominates the step), and `single-stream` (one
+request at a time: every side runs it with one request in flight, see `in_flight`). A
+workload's lengths depend on (name, scale, seed) only; its token ids also on `variant`, so
+that repeated runs against a server with a prefix cache can send fresh prompts of the very
+same shape."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ from dataclasses import dataclass
 
 from benchmarks.scales import Range, Scale
 
-WORKLOADS = ("mixed", "fixed", "prefill-heavy", "decode-heavy", "shared-prefix", "long-context")
+WORKLOADS = (
+    "mixed", "fixed", "prefill-heavy", "decode-heavy", "shared-prefix", "long-context",
+    "single-stream",
+)  # fmt: skip
 VOCAB = (1000, 40000)  # random ids from here avoid SmolLM2's special tokens
 
 
@@ -62,6 +67,8 @@ def _shapes(name: str, scale: Scale, rng: random.Random) -> list[tuple[int, int]
     }
     if name in fixed:
         return [fixed[name]] * scale.requests
+    if name == "single-stream":
+        return [scale.single] * scale.single_requests
     if name == "shared-prefix":
         return [
             (rng.randint(*scale.prefix_suffix), scale.prefix_out) for _ in range(scale.requests)
@@ -71,6 +78,12 @@ def _shapes(name: str, scale: Scale, rng: random.Random) -> list[tuple[int, int]
     return [
         (rng.randint(*scale.mixed_in), rng.randint(*scale.mixed_out)) for _ in range(scale.requests)
     ]
+
+
+def in_flight(name: str, scale: Scale) -> int:
+    """Requests a side may have in flight at once on the named workload: one for
+    single-stream, else the scale's max_num_seqs (every side gets the same budget)."""
+    return 1 if name == "single-stream" else scale.max_num_seqs
 
 
 def _tokens(rng: random.Random, count: int) -> list[int]:

@@ -31,6 +31,11 @@ def report() -> dict:
     return {
         "command": "layerserve bench --level l1,l2,l3", "scale": "small", "seed": 0,
         "model": "smollm2-135m-instruct", "dtype": "float32", "repeats": 3,
+        "precisions": {
+            "default": {"layerserve": "bfloat16", "llama_cpp": "as shipped",
+                        "reason": "auto: the CPU has AVX512-BF16 or AMX"},
+            "equal": {"layerserve": "float32", "llama_cpp": "F32", "reason": "equal precision"},
+        },
         "samplings": {"sampled": "temperature 0.7, top_p 0.95, a seed per request"},
         "busy": None,
         "started_at": "2026-11-30 09:00 UTC", "finished_at": "2026-11-30 09:05 UTC",
@@ -52,17 +57,22 @@ def report() -> dict:
             "workloads": {"mixed": "12 requests, 1700 prompt tokens, 330 output tokens"},
             "rows": [
                 {"workload": "mixed", "sampling": "sampled", "system": "layerserve",
-                 "wall_s": 6.0, "runs_s": [6.0, 6.2], "output_tok_s": 55.0, "vs_hf_static": 1.83,
+                 "precision": "default", "setting": "bfloat16", "wall_s": 6.0,
+                 "runs_s": [6.0, 6.2], "output_tok_s": 55.0, "vs_hf_static": 1.83,
                  "vs_llama_cpp": 0.5, "note": ""},
                 {"workload": "mixed", "sampling": "sampled", "system": "hf-static",
                  "wall_s": 11.0, "runs_s": [11.0], "output_tok_s": 30.0, "vs_hf_static": 1.0,
                  "vs_llama_cpp": 0.27, "note": "one seed per batch"},
                 {"workload": "mixed", "sampling": "sampled", "system": "llama-cpp",
-                 "wall_s": 3.0, "runs_s": [3.0], "output_tok_s": 110.0, "vs_hf_static": 3.67,
+                 "precision": "default", "setting": "Q4_1 (as shipped)", "wall_s": 3.0,
+                 "runs_s": [3.0], "output_tok_s": 110.0, "vs_hf_static": 3.67,
                  "vs_llama_cpp": 1.0, "note": "llama 135M Q4_1"},
                 {"workload": "mixed", "sampling": "sampled", "system": "hf-continuous",
                  "wall_s": None, "output_tok_s": None,
                  "note": "not in this transformers version: not run"},
+                {"workload": "mixed", "sampling": "sampled", "system": "llama-cpp",
+                 "precision": "equal", "setting": "F32", "wall_s": None, "output_tok_s": None,
+                 "crashed": True, "note": "crashed: killed by SIGSEGV (rc 139)"},
             ],
         },
         "l3": {"rows": [l3_row("concurrency", 1, None, 20.0), l3_row("poisson", None, 2.0, 40.0)]},
@@ -80,11 +90,24 @@ def test_markdown_has_the_machine_the_levels_and_the_numbers(tmp_path: Path) -> 
     assert "4/4 prompts give identical 16 greedy tokens" in text
     assert "llama-cpp agrees on 3/4 prompts that repeat a pattern" in text and "not gated" in text
     assert "`sampled`: temperature 0.7, top_p 0.95, a seed per request" in text
-    assert "| mixed | sampled | layerserve | 6 | 6.0, 6.2 | 55 | 1.83x | 0.50x |  |" in text
+    assert "`default`: layerserve bfloat16 (auto: the CPU has AVX512-BF16 or AMX)" in text
+    assert "`equal`: layerserve float32 (equal precision), llama.cpp F32" in text
     assert (
-        "| mixed | sampled | llama-cpp | 3 | 3.0 | 110 | 3.67x | 1.00x | llama 135M Q4_1 |" in text
+        "| mixed | sampled | default | layerserve | bfloat16 | 6 | 6.0, 6.2 | 55 | 1.83x | 0.50x "
+        "|  |" in text
     )
-    assert "| mixed | sampled | hf-continuous | n/a | n/a | n/a | n/a | n/a | not in this" in text
+    assert (
+        "| mixed | sampled | default | llama-cpp | Q4_1 (as shipped) | 3 | 3.0 | 110 | 3.67x | "
+        "1.00x | llama 135M Q4_1 |" in text
+    )
+    assert (
+        "| mixed | sampled | equal | hf-continuous | float32 | n/a | n/a | n/a | n/a | n/a | not "
+        "in this" in text
+    )  # a row from before the pairings: transformers ran float32
+    assert (
+        "| mixed | sampled | equal | llama-cpp | F32 | n/a | n/a | n/a | n/a | n/a | **CRASHED** "
+        "crashed: killed by SIGSEGV (rc 139) |" in text
+    )
     assert "| mixed | sampled | on | concurrency 1 | 0.5 | 20 | 0.9 | 75% | 0.375 |" in text
     assert "| mixed | sampled | on | Poisson 2 req/s |" in text
     assert "busy machine" not in text
@@ -176,6 +199,29 @@ def test_options_default_to_the_scale_and_parse_lists(tmp_path: Path) -> None:
     assert config.workloads == ("long-context",)
 
 
+def test_each_side_runs_at_its_default_and_at_equal_precision(monkeypatch) -> None:
+    monkeypatch.delenv("LAYERSERVE_WORKER_DTYPE", raising=False)
+    monkeypatch.delenv("LAYERSERVE_WORKER_QUANTIZATION", raising=False)
+    import torch
+
+    from services.worker.config import WorkerConfig
+    from services.worker.dtype_choice import resolve_dtype
+
+    default, equal = parse_config([]).precisions
+    # default: what `layerserve` runs with no flag on this machine, llama.cpp's file untouched
+    assert default.dtype == resolve_dtype("auto", torch.device("cpu")).dtype
+    assert default.quantization == WorkerConfig.from_args([]).quantization
+    assert default.llama_cpp("Q4_1") == "Q4_1 (as shipped)"
+    assert (equal.layerserve(), equal.llama_cpp_type) == ("float32", "F32")
+    assert equal.worker_args() == ["--dtype", "float32", "--quantization", "none"]
+    (pinned,) = parse_config(
+        ["--precision", "default", "--dtype", "bfloat16", "--quantization", "int8",
+         "--llama-cpp-type", "Q8_0"]
+    ).precisions  # fmt: skip
+    assert pinned.layerserve() == "bfloat16 + int8 weights" and pinned.reason == "--dtype"
+    assert pinned.llama_cpp("Q4_1") == "Q8_0 (converted from the Q4_1 file by llama.cpp)"
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -187,6 +233,8 @@ def test_options_default_to_the_scale_and_parse_lists(tmp_path: Path) -> None:
         (["--repeats", "0"], "positive"),
         (["--scale", "huge"], "unknown scale"),
         (["--sampling", "beam"], "--sampling: beam not in"),
+        (["--precision", "half"], "--precision: 'half' is not a list of"),
+        (["--quantization", "int9"], "--quantization: 'int9' is not one of"),
     ],
 )
 def test_bad_options_are_refused_with_the_flag_named(argv: list[str], message: str) -> None:

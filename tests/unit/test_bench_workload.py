@@ -10,7 +10,7 @@ from benchmarks.arrivals import poisson_arrivals
 from benchmarks.sampling import GREEDY, SAMPLED, request_seeds
 from benchmarks.scales import SCALES, scale_named
 from benchmarks.service import request_body
-from benchmarks.workload import VOCAB, WORKLOADS, build_workload
+from benchmarks.workload import VOCAB, WORKLOADS, build_workload, in_flight
 
 SMALL = SCALES["small"]
 
@@ -20,7 +20,8 @@ def test_same_seed_same_workload_other_seed_other_prompts(name: str) -> None:
     first = build_workload(name, SMALL, seed=3)
     assert build_workload(name, SMALL, seed=3) == first
     assert build_workload(name, SMALL, seed=4) != first
-    assert len(first) == (SMALL.long_streams if name == "long-context" else SMALL.requests)
+    counts = {"long-context": SMALL.long_streams, "single-stream": SMALL.single_requests}
+    assert len(first) == counts.get(name, SMALL.requests)
     assert all(VOCAB[0] <= t <= VOCAB[1] for item in first for t in item.prompt_ids)
 
 
@@ -51,6 +52,25 @@ def test_fixed_shape_workloads_have_the_stated_lengths(name: str, shape: tuple) 
     items = build_workload(name, SCALES["full"], seed=0)
     assert {(len(i.prompt_ids), i.output_len) for i in items} == {shape}
     assert len({tuple(i.prompt_ids) for i in items}) == len(items)  # no accidental sharing
+
+
+@pytest.mark.parametrize("scale", ["small", "full"])
+def test_single_stream_is_one_128_token_prompt_at_a_time_for_256_tokens(scale: str) -> None:
+    items = build_workload("single-stream", SCALES[scale], seed=0)
+    assert {(len(i.prompt_ids), i.output_len) for i in items} == {(128, 256)}
+    assert in_flight("single-stream", SCALES[scale]) == 1
+    assert in_flight("mixed", SCALES[scale]) == SCALES[scale].max_num_seqs
+
+
+@pytest.mark.parametrize("streams", [16, 64])
+def test_small_has_16_and_64_stream_variants_all_in_flight(streams: int) -> None:
+    scale = scale_named(f"small-{streams}")
+    items = build_workload("mixed", scale, seed=0)
+    assert len(items) == streams == scale.max_num_seqs == in_flight("mixed", scale)
+    assert scale.concurrency == (streams,)
+    # minutes on two cores: short prompts and outputs (prefill ~450 tok/s in float32 there)
+    assert sum(len(i.prompt_ids) for i in items) <= 128 * streams
+    assert max(i.output_len for i in items) <= 48
 
 
 def test_shared_prefix_prompts_share_exactly_the_prefix() -> None:
