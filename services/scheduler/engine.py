@@ -1,21 +1,28 @@
 """The engine of one worker: its Scheduler, and the loop that drives the worker step by step.
 
     async def step(self) -> bool:
-        self._expire()                              # requests that waited too long to start end
-        step = self.scheduler.schedule()            # who computes how many tokens
-        if not step.is_empty:
-            await self._send(step)                  # the worker queues it behind the one it runs
-        if not self._in_flight: return False        # (the loop waits for a submit)
-        if len(self._in_flight) == self.max_steps_in_flight or step.is_empty:
-            self._update(await self._receive())     # the oldest step's tokens appended,
-        return True                                 # finishes, outputs emitted
+        ...
+        self._expire()  # requests that waited too long to start end
+        step = self.scheduler.schedule() if self.scheduler.has_work() else None
+        sent = step is not None and not step.is_empty
+        if sent:
+            await self._send(step)  # the worker queues it behind the step it computes
+        if not self._in_flight:
+            return False
+        if len(self._in_flight) >= self.max_steps_in_flight or not sent:
+            self._update(await self._receive())  # tokens appended, finishes, outputs emitted
+        return True
 
-Asynchronous scheduling (max_steps_in_flight 2, the default): step n + 1 is scheduled and sent
-while the worker computes step n, so the scheduler's host work (applying step n - 1's tokens,
-emitting outputs, scheduling, protobuf, the hop) overlaps the worker's step instead of adding
-to it: steps per second approach 1 / max(host, device) rather than 1 / (host + device). The
+(`...`: its docstring and an assert; tests/unit/test_docs_snippets.py holds these lines to the
+code below.)
+
+Asynchronous scheduling (max_steps_in_flight 2; --async-scheduling auto, the default, turns it
+on for a worker that computes on a GPU): step n + 1 is scheduled and sent while the worker
+computes step n, so the scheduler's host work (applying step n - 1's tokens, emitting outputs,
+scheduling, protobuf, the hop) overlaps the worker's step instead of adding to it: steps per
+second approach 1 / max(host, device) rather than 1 / (host + device). The
 requests of step n + 1 that sample in step n get their token as a placeholder, which the worker
-fills in from its own sampled token (scheduler.py). Synchronous (1): each step's result is
+fills in from its own sampled token (result_applier.py). Synchronous (1): each step's result is
 applied before the next is scheduled.
 
 Speculative decoding (a proposer, spec_decode.py) runs synchronously whatever
@@ -24,8 +31,9 @@ must be known when the step is scheduled.
 
 The worker is reached through a WorkerLink (worker_link.py, the transport). When it fails, the
 engine ends its requests (UNAVAILABLE) and connects again, with a fresh Scheduler: the worker's
-KV cache is gone with it. Tracing and metrics watch the Scheduler's events (scheduler_events.py)
-and bracket each step (step_trace.py); the engine only wires them up.
+KV cache is gone with it. Tracing, metrics and the counters (scheduler_stats.py) watch the
+Scheduler's events (scheduler_events.py), and tracing brackets each step (step_trace.py); the
+engine only wires them up.
 """
 
 from __future__ import annotations
