@@ -59,6 +59,17 @@ def _models(section: dict) -> list[str]:
     return lines
 
 
+def _sections(report: dict) -> list[str]:
+    """The sections the report holds: the known ones in their order, then any other (a
+    section scripts/gpu_check.py's TABLE_SECTIONS adds) in the order it ran."""
+    known = [name for name in SECTIONS if name in report]
+    others = [
+        name for name, value in report.items()
+        if name not in SECTIONS and isinstance(value, dict) and "status" in value
+    ]  # fmt: skip
+    return known + others
+
+
 def _section(name: str, section: dict) -> list[str]:
     budget = f" of {section['budget_s']}s" if "budget_s" in section else ""
     lines = [
@@ -99,9 +110,8 @@ def render(report: dict) -> str:
         else ("GPU check")
     )
     lines = [f"# {title}", ""]
-    for name in SECTIONS:
-        if name in report:
-            lines += _section(name, report[name])
+    for name in _sections(report):
+        lines += _section(name, report[name])
     if "total_seconds" in report:
         lines += [f"total: {report['total_seconds']}s", ""]
     lines += ["## Verdicts", "", *verdict_table(report.get("verdicts", []))]

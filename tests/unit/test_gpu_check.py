@@ -48,6 +48,29 @@ def test_a_section_past_its_budget_is_killed_fails_and_keeps_its_output(
     assert gpu_check.failed(result)
 
 
+def test_a_table_section_runs_its_module_and_keeps_its_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """How a section joins (the 4-bit kernels' is to): one TABLE_SECTIONS entry, one budget."""
+    code = "print('| op | GB/s |'); print('| --- | --- |'); print('| int4 | 12 |')"
+    section = gpu_check.TableSection(("-c", "raise SystemExit(1)"), ("-c", code))
+    monkeypatch.setitem(gpu_check.TABLE_SECTIONS, "int4", section)
+    monkeypatch.setitem(gpu_check.BUDGETS_S, "int4", 20)
+    args = gpu_check.parse(["--out", str(tmp_path), "--dry-run"])
+    result = gpu_check.run_section("int4", args, {})
+    assert result["status"] == "passed" and result["rows"] == [{"op": "int4", "GB/s": "12"}]
+    assert "## int4" in render({"dry_run": True, "int4": result, "verdicts": []})
+    missing = gpu_check.TableSection(("-c", code), ("-c", code), needs=("no_such_package_x",))
+    monkeypatch.setitem(gpu_check.TABLE_SECTIONS, "int4", missing)
+    result = gpu_check.run_section("int4", args, {})
+    assert result["status"] == "not run (no_such_package_x not installed here)"
+    assert not gpu_check.failed(result)
+
+
+def test_every_table_section_has_a_budget() -> None:
+    assert set(gpu_check.TABLE_SECTIONS) <= set(gpu_check.SECTIONS)
+
+
 def _report(**sections: dict) -> dict:
     report = {"dry_run": False, **sections}
     report["verdicts"] = verdicts(report)
@@ -156,3 +179,5 @@ def test_dry_run_passes_on_a_bare_machine(tmp_path: Path) -> None:
     }
     rows = _verdict_rows(markdown)
     assert [row[3] for row in rows] == ["dry run"] * len(GOALS), rows  # each with its figure
+    # the real model's reader is not on a bare machine: the section says so, and fails nothing
+    assert report["speculation"]["status"].startswith("not run (gguf")
