@@ -19,6 +19,7 @@ from services.scheduler.aliases import AliasTable, load_alias_file
 from services.scheduler.cache_feed import CacheFeed
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.engine import Engine
+from services.scheduler.migration import Migrator
 from services.scheduler.request_trace import RequestTraces
 from services.scheduler.router import Router
 from services.scheduler.routing import ReplicaPicker, RoutingMode
@@ -46,6 +47,10 @@ async def main() -> None:
     router = Router(engines)
     traces = RequestTraces()  # each request's spans, while it runs (when tracing is on)
     servicer = SchedulerServicer(router, aliases, traces)
+    # A lost worker's requests move to another replica of their model (migration.py).
+    migrator = Migrator(
+        router, servicer.emit, traces, config.max_migrations, config.migration_wait_s
+    )
     feed = CacheFeed(lambda: router.all_engines, config.redis_url, config.prefix_index_ttl_s)
     router.picker = ReplicaPicker(RoutingMode(config.routing), feed.view)
 
@@ -58,6 +63,7 @@ async def main() -> None:
             async_scheduling=config.steps_ahead(),
             proposer=config.proposer(),
             adaptive_speculation=config.speculation_policy == "adaptive",
+            on_lost=migrator.lost,
         )
         engine.cache_events = feed.listener(engine)
         return engine
@@ -106,6 +112,7 @@ async def main() -> None:
     )
     for engine in router.all_engines:
         await engine.stop()
+    await migrator.stop()
     await feed.stop()
     shutdown_tracing()  # after the drain: the last requests' spans go out too
 

@@ -24,6 +24,8 @@ def _routing_mode(mode: str) -> str | None:
 
 
 ASYNC_SCHEDULING_CHOICES = ("auto", "on", "off")
+DEFAULT_MAX_MIGRATIONS = 3  # as the tokenizer's
+DEFAULT_MIGRATION_WAIT_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,25 @@ class SchedulerConfig:
         default=False,
         help="accept workers that register themselves (python -m services.worker "
         "--register-with); no --worker needed (env LAYERSERVE_WORKER_REGISTRATION=1)",
+    )
+    # Request migration when a worker is lost (migration.py). One setting name across services:
+    # the tokenizer's --max-migrations bounds the moves between scheduler replicas.
+    max_migrations: int = setting(
+        "--max-migrations",
+        env="MAX_MIGRATIONS",
+        default=DEFAULT_MAX_MIGRATIONS,
+        check=at_least(0),
+        help="times a request may move to another worker of its model when its own is lost "
+        "mid-stream (killed, connection reset, silent past the keepalive timeout); 0 = never: "
+        "it ends with UNAVAILABLE",
+    )
+    migration_wait_s: float = setting(
+        "--migration-wait-s",
+        env="MIGRATION_WAIT_S",
+        default=DEFAULT_MIGRATION_WAIT_S,
+        check=at_least(0),
+        help="how long a request whose worker was lost waits for another worker of its model "
+        "to be ready (the lost one may come back) before it ends with UNAVAILABLE",
     )
     drain_timeout_s: float = drain_timeout_setting()
     metrics_port: int = metrics_port_setting()

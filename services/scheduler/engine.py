@@ -29,11 +29,12 @@ Speculative decoding (a proposer, spec_decode.py) runs synchronously whatever
 async_scheduling says, as vLLM v1 first did: a request's proposals follow its last token, which
 must be known when the step is scheduled.
 
-The worker is reached through a WorkerLink (worker_link.py, the transport). When it fails, the
-engine ends its requests (UNAVAILABLE) and connects again, with a fresh Scheduler: the worker's
-KV cache is gone with it. Tracing, metrics and the counters (scheduler_stats.py) watch the
-Scheduler's events (scheduler_events.py), and tracing brackets each step (step_trace.py); the
-engine only wires them up.
+The worker is reached through a WorkerLink (worker_link.py, the transport). When it fails (or
+goes silent past the keepalive timeout), the engine hands its requests to `on_lost`
+(migration.py: they move to another replica, their output kept) and connects again, with a
+fresh Scheduler: the worker's KV cache is gone with it. Tracing, metrics and the counters
+(scheduler_stats.py) watch the Scheduler's events (scheduler_events.py), and tracing brackets
+each step (step_trace.py); the engine only wires them up.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
-from services.common.errors import LayerserveError, Unavailable
+from services.common.errors import Unavailable
 from services.scheduler.block_pool import BlockPool
 from services.scheduler.cache_events import CacheEventListener
 from services.scheduler.kv_cache_manager import KVCacheManager
@@ -64,6 +65,8 @@ from services.scheduler.worker_load import WorkerLoad
 log = logging.getLogger(__name__)
 
 Emit = Callable[[list[Output]], None]
+# Told the requests a failed worker ran (released by its Scheduler), and why it failed.
+OnLost = Callable[["Engine", list[Request], str], None]
 RECONNECT_SECONDS = 1.0
 
 
@@ -78,17 +81,20 @@ class Engine:
         async_scheduling: bool | None = True,
         proposer: Proposer | None = None,
         adaptive_speculation: bool = True,
+        on_lost: OnLost | None = None,
     ) -> None:
         """async_scheduling: send each step before the last one's result is back (see above);
         None: only to a worker that computes on a GPU (decided when it connects). proposer:
         speculative decoding's (None: off); with one, steps are synchronous.
-        adaptive_speculation: as the Scheduler's."""
+        adaptive_speculation: as the Scheduler's. on_lost: where a failed worker's requests go
+        (None: they end with UNAVAILABLE)."""
         self.address = address
         self.limits = limits
         self._emit = emit  # where outputs go (the server's sessions)
         # Told about every block this worker's prefix cache stores or evicts (a prefix index).
         self.cache_events = cache_events
         self.traces = traces  # the process's request traces; None: not tracing
+        self.on_lost = on_lost
         self.link = WorkerLink(address)
         self.info: WorkerInfo | None = None  # once connected
         self.scheduler: Scheduler | None = None  # while connected
@@ -195,6 +201,7 @@ class Engine:
 
     async def _run_forever(self) -> None:
         while True:
+            cause = "the step loop failed"
             try:
                 await self._connect()
                 await self._run()
@@ -202,12 +209,14 @@ class Engine:
                 raise
             except StepRejected as err:
                 log.warning("worker %s: %s", self.address, err)
-            except Exception as err:  # a bug must not strand the engine: fail its requests
+                cause = str(err)
+            except Exception as err:  # a bug must not strand the engine: move its requests
                 if (reason := failure_reason(err)) is not None:
                     log.warning("worker %s: %s", self.address, reason)
+                    cause = reason
                 else:
                     log.exception("worker %s: step loop failed", self.address)
-            self._fail_all(Unavailable(f"worker {self.address} became unavailable"))
+            self._lose_all(cause)
             await asyncio.sleep(RECONNECT_SECONDS)
 
     async def _connect(self) -> None:
@@ -269,12 +278,20 @@ class Engine:
             stream.close()
             self._stream = None
 
-    def _fail_all(self, error: LayerserveError) -> None:
+    def _lose_all(self, cause: str) -> None:
+        """The worker failed: its requests go to on_lost, or end with UNAVAILABLE."""
         if self.scheduler is None:
             return
-        failed = self.scheduler.fail_all(error)
-        self.scheduler = None
-        self._emit_errors(failed)
+        if self.on_lost is None:
+            error = Unavailable(f"worker {self.address} became unavailable")
+            failed = self.scheduler.fail_all(error)
+            self.scheduler = None
+            self._emit_errors(failed)
+            return
+        released = self.scheduler.release_all()
+        self.scheduler = None  # first: the engine is not ready, so no request moves back here
+        if released:
+            self.on_lost(self, released, cause)
 
 
 def _output(update: RequestUpdate) -> Output:

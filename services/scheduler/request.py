@@ -67,6 +67,7 @@ class Request:
     error: LayerserveError | None = None  # why it ended, when finish_reason is ERROR
     on_worker: bool = False  # the worker holds its state (it was sent in full)
     num_preemptions: int = 0
+    num_migrations: int = 0  # moves to another worker after its own was lost (migration.py)
     started: bool = False  # admitted to run at least once (a preempted request has)
     # Prefix caching: the chained hashes of the full blocks of the known tokens (a router may
     # precompute them; the KVCacheManager extends them as blocks fill), how many leading
@@ -120,6 +121,19 @@ class Request:
         self.spec_token_ids = []
         self.status = Status.WAITING
         self.num_preemptions += 1
+
+    def moved(self) -> None:
+        """Its worker is gone, with its KV cache: it waits to be computed again from its first
+        token on another worker, its output so far kept (the sampler counts positions from it).
+        The tokens of steps in flight are lost; the client never saw them."""
+        self.num_computed_tokens = 0
+        self.num_output_placeholders = 0
+        self.spec_token_ids = []
+        self.block_tables = []
+        self.num_cached_blocks = 0
+        self.status = Status.WAITING
+        self.on_worker = False
+        self.num_migrations += 1
 
     def last_token_in_flight(self, max_model_len: int) -> bool:
         """A step in flight samples its last token (max_tokens or the context length reached

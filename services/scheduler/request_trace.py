@@ -97,6 +97,19 @@ class RequestTrace:
         (self._decode or self.span).add_event("preemption")
         self._queue = tracing.start_span("queue", self.span)
 
+    def migrating(self, reason: str, worker: str, num_output_tokens: int) -> None:
+        """Its worker was lost: it moves to another (queued there next), its output kept."""
+        tracing.finish(self._queue, None)
+        self._queue = None
+        (self._decode or self.span).add_event(
+            "migration",
+            {
+                "layerserve.migration.reason": reason,
+                attrs.WORKER: worker,
+                "gen_ai.usage.output_tokens": num_output_tokens,
+            },
+        )
+
     def sampled(self) -> None:
         """A token came back from the worker."""
         if self._decode is None:

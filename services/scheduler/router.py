@@ -13,6 +13,7 @@ from services.common.errors import InvalidArgument, NotFound, Unavailable
 from services.scheduler.admission import ModelLimits, admit
 from services.scheduler.engine import Engine
 from services.scheduler.prefix_index import worker_key
+from services.scheduler.request import Request
 from services.scheduler.routing import Choice, Replica, ReplicaPicker
 from services.scheduler.submission import Submission
 
@@ -142,6 +143,21 @@ class Router:
             request.predicted_cached_tokens = choice.cached_tokens
         engine.submit(request)  # first: a full queue raises, and then the engine owns nothing
         self._owner[request.request_id] = engine
+
+    def place(self, request: Request, model: str) -> Engine:
+        """Queues a request whose worker was lost at a ready replica of `model`, routed on all
+        its tokens (migration.py). Raises Unavailable (none ready), NotFound or
+        ResourceExhausted (its queue is full)."""
+        engine, _, choice = self._pick(model, request.all_token_ids)
+        if self.picker.wants_hashes:
+            request.predicted_cached_tokens = choice.cached_tokens
+        engine.submit(request)
+        self._owner[request.request_id] = engine
+        return engine
+
+    def owner(self, request_id: str) -> Engine | None:
+        """The engine the request was routed to, while it has not finished."""
+        return self._owner.get(request_id)
 
     def abort(self, request_id: str) -> None:
         engine = self._owner.pop(request_id, None)

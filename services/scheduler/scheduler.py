@@ -279,6 +279,22 @@ class Scheduler:
         self.kv.drop_cache()
         return failed
 
+    def release_all(self) -> list[Request]:
+        """Gives up every request unfinished, for another worker to run (this one failed, and
+        its KV cache with it): each is reset to start again (Request.moved), none is finished."""
+        released = list(self.requests.values())
+        for request in released:
+            if request.status is Status.WAITING:
+                self.waiting.remove(request)
+            elif request.status is Status.RUNNING:
+                self.running.remove(request)
+            request.moved()
+        self.requests.clear()
+        self._forget_on_worker = []
+        self.results.drop_in_flight()
+        self.kv.drop_cache()
+        return released
+
     def _finish(
         self, request: Request, reason: FinishReason, error: LayerserveError | None = None
     ) -> None:

@@ -34,6 +34,14 @@ from services.scheduler.worker_info import WorkerInfo
 
 LABELS = ("model", "worker")
 
+# The tokenizer counts under the same name the moves between scheduler replicas (reason
+# scheduler_lost / scheduler_unavailable); each move is counted once, by the tier that made it.
+REQUEST_MIGRATIONS = metrics.counter(
+    "request_migrations_total",
+    "Requests moved to another worker of their model after theirs was lost mid-stream "
+    "(reason worker_lost: killed, connection reset, or silent past the keepalive timeout).",
+    ("model", "reason"),
+)
 QUEUE_TIME = metrics.histogram(
     "request_queue_time_seconds",
     "Time a request waited in its worker's queue before its first step.",
