@@ -1,8 +1,9 @@
 """Hung peers rather than dead ones (SIGSTOP: the process keeps its sockets open and answers
 nothing), under load:
 
-- one of two worker replicas: its streams end with UNAVAILABLE once keepalive pings go
-  unanswered (shortened here to 1 s + 2 s), the other replica's finish, new requests go to the
+- one of two worker replicas: once keepalive pings go unanswered (shortened here to 1 s +
+  2 s) the scheduler drops it and its streams move to the other replica, where they complete
+  (tests/reliability/test_worker_freeze.py checks their text); new requests go to the
   survivor, and after SIGCONT the worker rejoins;
 - Redis: every request is still served (rate limits fail open after their 0.5 s socket
   timeout), none lost.
@@ -29,7 +30,7 @@ from tests.reliability.test_redis_faults import LIMIT_ARGS, RequestLoop
 
 LONG = 3000
 KEEPALIVE = {"LAYERSERVE_GRPC_KEEPALIVE_S": "1", "LAYERSERVE_GRPC_KEEPALIVE_TIMEOUT_S": "2"}
-ENDS_WITHIN_S = 10.0  # keepalive 1 s + 2 s, with room for a loaded 2-core machine
+DROPPED_WITHIN_S = 10.0  # keepalive 1 s + 2 s, with room for a loaded 2-core machine
 HUNG_FOR_S = 3.0
 
 
@@ -51,7 +52,7 @@ def complete(stack: Stack) -> tuple[int, float]:
     return status, time.monotonic() - started
 
 
-def test_a_hung_worker_fails_its_streams_fast_and_the_other_replica_serves(
+def test_a_hung_worker_is_dropped_its_streams_move_and_the_other_replica_serves(
     own_stack: Callable[..., Stack],
 ):
     stack = own_stack(
@@ -64,11 +65,11 @@ def test_a_hung_worker_fails_its_streams_fast_and_the_other_replica_serves(
     for flight in flights:
         assert flight.started.wait(60)
     with stopped(stack.procs["worker0"].pid) as stopped_at:
-        outcomes = [f.wait() for f in flights]
-        failed = [f for f, o in zip(flights, outcomes, strict=True) if o.kind == ERRORED]
-        ended_after = max(f.ended_at - stopped_at for f in failed) if failed else 0.0
-        eventually(lambda: hung not in all_worker_stats(stack), "the hung worker dropped", 30)
+        dropped_s = eventually(
+            lambda: hung not in all_worker_stats(stack), "the hung worker dropped", 30
+        )
         during = [complete(stack) for _ in range(6)]
+        outcomes = [f.wait() for f in flights]
         hung_for = time.monotonic() - stopped_at
     rejoin_s = eventually(lambda: hung in all_worker_stats(stack), "rejoined after SIGCONT", 60)
     after = [complete(stack)[0] for _ in range(4)]
@@ -82,9 +83,9 @@ def test_a_hung_worker_fails_its_streams_fast_and_the_other_replica_serves(
             "outcomes": LoadResult(outcomes).counts(),
             "errors": LoadResult(outcomes).errors(),
             "notes": [
-                f"the hung replica's {len(failed)} streams ended with UNAVAILABLE "
-                f"{ended_after:.1f}s after the SIGSTOP at the latest; the other "
-                f"{len(flights) - len(failed)} completed",
+                f"the hung replica was dropped {dropped_s:.1f}s after the SIGSTOP and its "
+                "streams moved to the other replica: "
+                f"{LoadResult(outcomes).count(COMPLETED)} of {len(flights)} completed",
                 f"{sum(s == 200 for s, _ in during)} of {len(during)} new requests while it "
                 f"hung answered 200 (slowest {max(t for _, t in during):.2f}s)",
                 f"after SIGCONT it rejoined in {rejoin_s:.1f}s; {after.count(200)} of "
@@ -92,10 +93,8 @@ def test_a_hung_worker_fails_its_streams_fast_and_the_other_replica_serves(
             ],
         },
     )
-    assert [o for o in outcomes if o.kind == LOST] == [], outcomes
-    assert 0 < len(failed) < len(flights), outcomes
-    assert {o.error for o in outcomes if o.kind == ERRORED} == {"unavailable"}, outcomes
-    assert ended_after < ENDS_WITHIN_S
+    assert [o.kind for o in outcomes] == [COMPLETED] * len(flights), outcomes
+    assert dropped_s < DROPPED_WITHIN_S
     assert [s for s, _ in during] == [200] * len(during)
     assert after == [200] * len(after)
 
