@@ -64,6 +64,7 @@ async def main() -> None:
             proposer=config.proposer(),
             adaptive_speculation=config.speculation_policy == "adaptive",
             on_lost=migrator.lost,
+            speculate_when_synchronous=config.speculation_auto,
         )
         engine.cache_events = feed.listener(engine)
         return engine

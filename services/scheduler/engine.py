@@ -27,7 +27,10 @@ applied before the next is scheduled.
 
 Speculative decoding (a proposer, spec_decode.py) runs synchronously whatever
 async_scheduling says, as vLLM v1 first did: a request's proposals follow its last token, which
-must be known when the step is scheduled.
+must be known when the step is scheduled. With speculate_when_synchronous (the scheduler's
+--num-speculative-tokens auto) it is the other way round: the proposer is used only for a
+worker the engine steps synchronously anyway (a CPU worker), and dropped where it schedules
+ahead.
 
 The worker is reached through a WorkerLink (worker_link.py, the transport). When it fails (or
 goes silent past the keepalive timeout), the engine hands its requests to `on_lost`
@@ -82,10 +85,12 @@ class Engine:
         proposer: Proposer | None = None,
         adaptive_speculation: bool = True,
         on_lost: OnLost | None = None,
+        speculate_when_synchronous: bool = False,
     ) -> None:
         """async_scheduling: send each step before the last one's result is back (see above);
         None: only to a worker that computes on a GPU (decided when it connects). proposer:
-        speculative decoding's (None: off); with one, steps are synchronous.
+        speculative decoding's (None: off); with one, steps are synchronous, unless
+        speculate_when_synchronous: then it is used only where they are (see above).
         adaptive_speculation: as the Scheduler's. on_lost: where a failed worker's requests go
         (None: they end with UNAVAILABLE)."""
         self.address = address
@@ -105,7 +110,10 @@ class Engine:
         self._step_id = 0
         self.proposer = proposer
         self.adaptive_speculation = adaptive_speculation
-        self._async_scheduling = async_scheduling and proposer is None
+        self.speculate_when_synchronous = speculate_when_synchronous
+        self._async_scheduling = async_scheduling and (
+            proposer is None or speculate_when_synchronous
+        )
         self.max_steps_in_flight = 2 if self._async_scheduling else 1
         self._in_flight: deque[StepTrace] = deque()  # steps sent, oldest first
 
@@ -223,8 +231,11 @@ class Engine:
         info = self.info = await self.link.describe()
         ahead = self._async_scheduling
         if ahead is None:
-            ahead = info.device.startswith("cuda") and self.proposer is None
+            ahead = info.device.startswith("cuda") and (
+                self.proposer is None or self.speculate_when_synchronous
+            )
         self.max_steps_in_flight = 2 if ahead else 1
+        proposer = None if ahead else self.proposer  # ahead only with none or when_synchronous
         pool = BlockPool(info.num_blocks, listener=self.cache_events)
         kv = KVCacheManager(pool, info.block_size, info.model_fingerprint, info.windows)
         self.scheduler = Scheduler(
@@ -233,18 +244,19 @@ class Engine:
             info.max_model_len,
             info.eos_token_ids,
             observers=self._observers(),
-            proposer=self.proposer,
+            proposer=proposer,
             adaptive_speculation=self.adaptive_speculation,
         )
         log.info(
             "worker %s ready: model %s, %d blocks of %d tokens, KV cache group windows %s, "
-            "asynchronous scheduling %s",
+            "asynchronous scheduling %s, speculative decoding %s",
             self.address,
             info.model,
             info.num_blocks,
             info.block_size,
             info.windows,
             "on" if ahead else "off",
+            "off" if proposer is None else f"on (up to {proposer.k} tokens)",
         )
 
     def _observers(self) -> list[SchedulerObserver]:

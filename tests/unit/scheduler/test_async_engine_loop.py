@@ -13,6 +13,7 @@ import pytest
 from layerserve.worker.v1 import worker_pb2_grpc
 from services.scheduler.engine import Engine
 from services.scheduler.scheduler import SchedulerLimits
+from services.scheduler.spec_decode import NgramProposer, Speculator
 from services.worker.engine.null_runner import NullRunner, continuation
 from services.worker.serving.server import WorkerServicer
 from tests.unit.scheduler.drive import EOS, make_request
@@ -57,6 +58,29 @@ async def test_steps_in_flight_and_tokens(slow_worker, async_scheduling, ahead):
         tokens.setdefault(output.request_id, []).extend(output.token_ids)
     # The null runner's tokens: exactly max_tokens each, none past the end.
     assert tokens == {rid: continuation(PROMPT, 6) for rid in ("a", "b", "c")}
+
+
+# auto speculation (speculate_when_synchronous): on where the engine steps its worker one at a
+# time (None: the null worker is no GPU; False), dropped where it schedules ahead (True).
+@pytest.mark.parametrize(
+    ("async_scheduling", "ahead", "speculates"),
+    [(None, 1, True), (False, 1, True), (True, 2, False)],
+)
+async def test_auto_speculation_only_where_steps_are_synchronous(
+    slow_worker, async_scheduling, ahead, speculates
+):
+    address, _ = slow_worker
+    engine = Engine(
+        address, SchedulerLimits(), lambda outputs: None, async_scheduling=async_scheduling,
+        proposer=NgramProposer(3, 6, 8), speculate_when_synchronous=True,
+    )  # fmt: skip
+    engine.start()
+    try:
+        await _until(lambda: engine.scheduler is not None)
+        assert engine.max_steps_in_flight == ahead
+        assert isinstance(engine.scheduler.speculator, Speculator) is speculates
+    finally:
+        await engine.stop()
 
 
 async def _until(condition, timeout_s: float = 20.0) -> None:

@@ -67,6 +67,19 @@ def test_routing_and_prefix_caching(monkeypatch: pytest.MonkeyPatch) -> None:
         SchedulerConfig.from_args(["--max-num-seqs", "0"])
 
 
+def test_speculation_is_auto_by_default_a_number_or_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LAYERSERVE_NUM_SPECULATIVE_TOKENS", raising=False)
+    config = SchedulerConfig.from_args([])
+    assert config.speculation_auto and config.proposer().k == 8  # where steps are synchronous
+    fixed = SchedulerConfig.from_args(["--num-speculative-tokens", "4"])
+    assert not fixed.speculation_auto and fixed.proposer().k == 4  # everywhere
+    assert SchedulerConfig.from_args(["--num-speculative-tokens", "0"]).proposer() is None
+    monkeypatch.setenv("LAYERSERVE_NUM_SPECULATIVE_TOKENS", "0")
+    assert SchedulerConfig.from_args([]).proposer() is None
+    with pytest.raises(ValueError, match="--num-speculative-tokens.*auto or an integer"):
+        SchedulerConfig.from_args(["--num-speculative-tokens", "some"])
+
+
 def test_async_scheduling_is_by_device_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     assert SchedulerConfig.from_args([]).steps_ahead() is None  # on for a GPU worker
     assert SchedulerConfig.from_args(["--async-scheduling", "off"]).steps_ahead() is False
