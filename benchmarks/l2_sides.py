@@ -18,7 +18,13 @@ from benchmarks.llama_cpp_baseline import (
     open_llama_cpp,
     shipped_type,
 )
-from benchmarks.offline import BLOCK_SIZE, OfflineEngine, make_runner, service_async_scheduling
+from benchmarks.offline import (
+    BLOCK_SIZE,
+    OfflineEngine,
+    make_runner,
+    service_async_scheduling,
+    service_speculation,
+)
 from benchmarks.precision import Precision
 from benchmarks.sampling import Sampling
 from benchmarks.scales import Scale
@@ -55,15 +61,18 @@ class System:
 
 
 def engine_systems(job: Job, precision: Precision, loaded: LoadedModel) -> list[System]:
-    """layerserve at `precision`, each request with its own SamplingOptions (and seed);
-    shared-prefix also with the prefix cache off. Every timed run starts with an empty
+    """layerserve at `precision`, each request with its own SamplingOptions (and seed),
+    scheduled and speculating as the scheduler service would on this machine; shared-prefix
+    also with the prefix cache off. Every timed run starts with an empty
     prefix cache: only hits within the run count."""
     options = job.sampling.options(job.seeds)
     items = [Item(p, n) for p, n in zip(job.prompts, job.outs, strict=True)]
     runner = make_runner(loaded, blocks_for(items, job.in_flight))
     systems = []
     for caching in (True, False) if job.workload == "shared-prefix" else (True,):
-        engine = OfflineEngine(runner, limits(job, caching), service_async_scheduling())
+        engine = OfflineEngine(
+            runner, limits(job, caching), service_async_scheduling(), *service_speculation()
+        )
 
         def run(engine: OfflineEngine = engine) -> float:
             engine.scheduler.kv.drop_cache()

@@ -14,6 +14,7 @@ llama.cpp built for another CPU can die with SIGSEGV, and only its row may go wi
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import logging
 from collections import deque
@@ -90,7 +91,8 @@ def convert_gguf(gguf: Path, file_type: str, workdir: Path) -> Path:
     params.ftype = LLAMA_CPP_TYPES[file_type]
     params.allow_requantize = True
     partial = out.with_suffix(".partial")
-    if ll.llama_model_quantize(str(gguf).encode(), str(partial).encode(), params) != 0:
+    done = ll.llama_model_quantize(str(gguf).encode(), str(partial).encode(), ctypes.byref(params))
+    if done != 0:
         raise RuntimeError(f"llama.cpp could not convert {gguf.name} to {file_type}")
     partial.rename(out)
     return out

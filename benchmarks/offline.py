@@ -58,6 +58,19 @@ def service_async_scheduling(device: str = "cpu") -> bool:
     return device.startswith("cuda") if ahead is None else ahead
 
 
+def service_speculation(device: str = "cpu") -> tuple[Proposer | None, bool]:
+    """(proposer, adaptive) as the scheduler service's environment sets them, for a worker on
+    `device`: --num-speculative-tokens auto proposes only where steps are synchronous (a CPU
+    worker), so L2 speculates where L3's scheduler does."""
+    from services.scheduler.config import SchedulerConfig
+
+    config = SchedulerConfig.from_args([])
+    proposer = config.proposer()
+    if config.speculation_auto and service_async_scheduling(device):
+        proposer = None
+    return proposer, config.speculation_policy == "adaptive"
+
+
 def to_plan(step: ScheduledStep) -> StepPlan:
     return StepPlan(
         new=[
