@@ -51,7 +51,9 @@ PROMPT_TOKENS = 128
 
 def _request_hooks(n: int) -> float:
     """Seconds for n requests' worth of per-request hooks."""
-    request = GenerationRequest("r-0", "m", messages=[ChatMessage("user", "x")], max_tokens=8)
+    request = GenerationRequest(
+        "r-0", "m", messages=[ChatMessage("user", "x")], max_tokens=MaxTokens(8)
+    )
     generate = tokenizer_pb2.GenerateRequest(request_id="r-0", model="m")
     submit = scheduler_pb2.Submit(request_id="r-0", model="m", max_tokens=8)
     submission = Submission("r-0", "m", [1], max_tokens=MaxTokens(8))

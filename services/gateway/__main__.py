@@ -17,6 +17,7 @@ from services.common.serve import drain_server, run_service, wait_for_shutdown
 from services.common.tracing import setup_tracing, shutdown_tracing
 from services.gateway.concurrency import ConcurrencyLimiter, RedisLeases
 from services.gateway.config import GatewayConfig
+from services.gateway.console_routes import RING
 from services.gateway.front_door import FrontDoor
 from services.gateway.grpc_api import GatewayServicer, public_server
 from services.gateway.http_app import create_app
@@ -62,7 +63,7 @@ async def main() -> None:
     gate = DrainGate("the gateway")
     grpc_server = public_server(config.limits, [gate])
     gateway_pb2_grpc.add_GatewayServicer_to_server(
-        GatewayServicer(backend, front_door, config.limits), grpc_server
+        GatewayServicer(backend, front_door, config.limits, app[RING]), grpc_server
     )
     health = Health(
         [service_name(gateway_pb2, "Gateway")], lifecycle.problem, interval=1.0, name="gateway"

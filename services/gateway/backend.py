@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from services.common.max_tokens import MaxTokens
 from services.common.sampling import SamplingOptions
 
 
@@ -56,10 +57,9 @@ class GenerationRequest:
     messages: list[ChatMessage] | None = None
     prompt_token_ids: list[int] | None = None
     add_generation_prompt: bool = True
-    max_tokens: int = 0  # 0 = up to the context length
-    # max_tokens is a cap the scheduler lowers to what fits (the gateway's default for a client
-    # that set none); False: the client's own, refused when it does not fit (max_tokens.py).
-    max_tokens_is_cap: bool = False
+    # The client's own limit (strict: refused when it does not fit) or the gateway's default
+    # (a cap admission lowers to what fits): services/common/max_tokens.py.
+    max_tokens: MaxTokens = MaxTokens()
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     # Fields of MODEL_DEFAULT_FIELDS the client left out: the tokenizer sets each to the
     # serving model's recommended value, where it has one (else `sampling`'s stays).

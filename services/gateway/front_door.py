@@ -167,7 +167,7 @@ def reservation(requests: list[GenerationRequest]) -> int:
     read: it is not tokenized yet) plus every choice's max_tokens."""
     if not requests:
         return 0
-    return estimated_tokens(requests[0]) + sum(r.max_tokens for r in requests)
+    return estimated_tokens(requests[0]) + sum(r.max_tokens.limit for r in requests)
 
 
 class _MeteredBackend:

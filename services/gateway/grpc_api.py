@@ -15,7 +15,7 @@ import uuid
 
 import grpc
 from grpc_reflection.v1alpha import reflection
-from opentelemetry.trace import Span
+from opentelemetry.trace import Span, format_trace_id
 
 from layerserve.common.v1 import common_pb2
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
@@ -23,6 +23,7 @@ from services.common import tracing
 from services.common.errors import InvalidArgument, LayerserveError
 from services.common.grpc_status import grpc_code
 from services.common.grpc_util import SERVER_OPTIONS
+from services.common.max_tokens import MaxTokens
 from services.common.sampling_proto import sampling_from_proto
 from services.gateway import request_span
 from services.gateway.api_keys import ApiKey
@@ -41,7 +42,8 @@ from services.gateway.prompt_guard import PromptGuard
 from services.gateway.prompt_size import check_count
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
 from services.gateway.request_metrics import count_error, error_code
-from services.gateway.request_validator import default_max_tokens, validate_request
+from services.gateway.request_validator import validate_request
+from services.gateway.trace_ring import TraceOwner, TraceRing
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +86,7 @@ def request_from_proto(
     req = GenerationRequest(
         request_id=request_id,
         model=msg.model,
-        max_tokens=msg.max_tokens,
+        max_tokens=MaxTokens(msg.max_tokens),
         sampling=sampling_from_proto(msg.sampling),
         # No sampling message: the model's recommended settings (else greedy, as before).
         sampling_unset=() if msg.HasField("sampling") else MODEL_DEFAULT_FIELDS,
@@ -105,11 +107,7 @@ def request_from_proto(
     else:
         raise InvalidArgument("prompt or chat is required", param="prompt")
     _add_tools(req, msg)
-    given = msg.HasField("max_tokens")
-    validate_request(req, 1, limits, "max_tokens" if given else None)
-    if not given:
-        req.max_tokens = default_max_tokens(1, limits)
-        req.max_tokens_is_cap = True
+    validate_request(req, 1, limits, "max_tokens" if msg.HasField("max_tokens") else None)
     return req
 
 
@@ -149,11 +147,24 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         front_door: FrontDoor,
         limits: RequestLimits = DEFAULT_LIMITS,
     ) -> None:
+        ring: TraceRing | None = None,
         self._backend = backend
+        """ring: the console's (console_routes.RING), where calls are listed as HTTP's are."""
         self._door = front_door
         self._limits = limits
         self._prompt_guard = PromptGuard(backend, limits)
 
+        self._ring = ring
+
+    def _claim(self, span: Span | None, key: ApiKey, request_id: str) -> TraceOwner | None:
+        """Files the call's trace under its caller in the console's ring, as console_routes
+        does for an HTTP request; only a sampled one (a sampled-out one sends no spans)."""
+        context = span.get_span_context() if span is not None else None
+        if self._ring is None or not (context and context.is_valid and context.trace_flags.sampled):
+            return None
+        owner = TraceOwner(key.tenant, request_id, request_span.GRPC_GENERATE)
+        self._ring.claim(format_trace_id(context.trace_id), owner)
+        return owner
     async def _authorize(self, context: grpc.aio.ServicerContext) -> tuple[ApiKey, dict]:
         """Aborts with UNAUTHENTICATED unless the key is good; returns it and the metadata."""
         metadata = dict(context.invocation_metadata() or ())
@@ -171,9 +182,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         request_id = f"gen-{uuid.uuid4().hex}"
         span = request_span.start_grpc(context)
         try:
+        owner = None
             with tracing.use(span):
                 key, metadata = await self._authorize(context)
             trace = tracing.forward(span, request_span.client_context(metadata))
+            owner = self._claim(span, key, request_id)
             req = request_from_proto(request, request_id, trace, self._limits)
             await self._prompt_guard.check(req)
             request_span.describe(span, request_id, [req])
@@ -205,6 +218,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request {request_id})")
         finally:
             request_span.end_grpc(span, context.code(), request_id, sys.exc_info()[1])
+            if owner is not None:
+                owner.done = True
 
     async def ListModels(self, request, context) -> gateway_pb2.ListModelsResponse:
         key, _ = await self._authorize(context)

@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 from services.common.errors import InvalidArgument
+from services.common.max_tokens import MaxTokens
 from services.common.sampling import SamplingOptions
 from services.gateway.backend import MODEL_DEFAULT_FIELDS, GenerationRequest
 from services.gateway.http_json import has_lone_surrogate
@@ -37,7 +38,7 @@ from services.gateway.openai_messages import parse_messages
 from services.gateway.openai_structured import parse_structured
 from services.gateway.openai_tools import parse_tools
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
-from services.gateway.request_validator import default_max_tokens, validate_request
+from services.gateway.request_validator import validate_request
 
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API caps logprobs at 5
 MAX_CHAT_TOP_LOGPROBS = 20
@@ -97,7 +98,7 @@ def parse_completion_request(
     reject_if_set(body, "suffix", bool(body.get("suffix")), "suffix")
     max_tokens = get_int(body, "max_tokens")
     param = None if max_tokens is None else "max_tokens"
-    template.max_tokens = max_tokens or 0
+    template.max_tokens = MaxTokens(max_tokens or 0)
     return _parsed(
         body,
         RequestKind.COMPLETION,
@@ -126,7 +127,7 @@ def parse_chat_request(
     chosen = get_int(body, param)
     if chosen is None:
         param, chosen = "max_tokens", get_int(body, "max_tokens")
-    template.max_tokens = chosen or 0
+    template.max_tokens = MaxTokens(chosen or 0)
     response_id = f"chatcmpl-{request_id}"
     given = None if chosen is None else param
     return _parsed(body, RequestKind.CHAT, response_id, template, limits, given, None)
@@ -223,10 +224,7 @@ def _parsed(
     stream = get_bool(body, "stream", False)
     # stream_options means nothing without stream; OpenAI refuses it, vLLM too, we ignore it.
     include_usage = _include_usage(body) and stream
-    validate_request(template, n, limits, max_tokens_param)
-    if max_tokens_param is None:
-        template.max_tokens = default_max_tokens(n, limits, preferred_default)
-        template.max_tokens_is_cap = True
+    validate_request(template, n, limits, max_tokens_param, preferred_default)
     requests = [_choice(template, response_id, i) for i in range(n)]
     return ParsedRequest(kind, response_id, template.model, stream, include_usage, requests)
 

@@ -76,7 +76,7 @@ def _token_ids(max_items: int | None = None) -> Schema:
 
 def _max_tokens(limits: RequestLimits, preferred: int | None = None) -> Schema:
     cap = limits.max_tokens or INT32_MAX
-    default = default_max_tokens(1, limits, preferred)
+    default = default_max_tokens(1, limits, preferred).limit
     return _int(
         1,
         cap,

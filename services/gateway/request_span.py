@@ -78,7 +78,9 @@ def describe(span: Span | None, response_id: str, requests: list[GenerationReque
         return
     first = requests[0]
     span.set_attributes(
-        attrs.request_attributes(first.model, first.max_tokens, first.sampling, operation_of(first))
+        attrs.request_attributes(
+            first.model, first.max_tokens.limit, first.sampling, operation_of(first)
+        )
     )
     span.set_attribute("gen_ai.response.id", response_id)
     if len(requests) > 1:
@@ -141,7 +143,7 @@ def start_choice(request: GenerationRequest) -> Span | None:
     if tracing.recording(span):
         span.set_attributes(
             attrs.request_attributes(
-                request.model, request.max_tokens, request.sampling, operation_of(request)
+                request.model, request.max_tokens.limit, request.sampling, operation_of(request)
             )
         )
         span.set_attribute(attrs.CHOICE_ID, request.request_id)

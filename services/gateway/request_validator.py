@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from services.common.errors import InvalidArgument
+from services.common.max_tokens import MaxTokens
 from services.gateway.backend import ChatMessage, GenerationRequest
 from services.gateway.log_text import excerpt
 from services.gateway.prompt_size import check_counts, check_prompt_size
@@ -39,14 +40,20 @@ _UNSUPPORTED_ROLES = {"function"}
 
 
 def validate_request(
-    request: GenerationRequest, n: int, limits: RequestLimits, max_tokens_param: str | None
+    request: GenerationRequest,
+    n: int,
+    limits: RequestLimits,
+    max_tokens_param: str | None,
+    preferred_default: int | None = None,
 ) -> None:
     """Checks one request's values (its n choices share them); normalizes chat roles.
-    max_tokens_param: the field the client set max_tokens with; None when it set none."""
+    max_tokens_param: the field the client set max_tokens with, whose value is checked against
+    the operator's limits here (whether it fits the prompt is admission's question); None when
+    it set none: request.max_tokens becomes the default, as a cap (max_tokens.py)."""
     check_model_name(request.model)
     _check_input(request, limits)
     if max_tokens_param is not None:
-        check_max_tokens(request.max_tokens, limits, max_tokens_param)
+        check_max_tokens(request.max_tokens.limit, limits, max_tokens_param)
     _check_stop(request.stop, limits)
     if len(request.stop_token_ids) > limits.max_stop_token_ids:
         raise InvalidArgument(
@@ -57,20 +64,23 @@ def validate_request(
     check_tools(request)
     # Whether the grammars compile is grammar_check.py's question, off the event loop.
     request.sampling.validate()
-    if max_tokens_param is not None and n * request.max_tokens > limits.max_request_tokens:
+    if max_tokens_param is None:
+        request.max_tokens = default_max_tokens(n, limits, preferred_default)
+    elif n * request.max_tokens.limit > limits.max_request_tokens:
         raise InvalidArgument(
-            f"n x {max_tokens_param} is {n * request.max_tokens}; this server generates at "
-            f"most {limits.max_request_tokens} tokens per request",
+            f"n x {max_tokens_param} is {n * request.max_tokens.limit}; this server generates "
+            f"at most {limits.max_request_tokens} tokens per request",
             param=max_tokens_param,
         )
 
 
-def default_max_tokens(n: int, limits: RequestLimits, preferred: int | None = None) -> int:
-    """max_tokens for a request that set none: the preferred default, within both caps."""
+def default_max_tokens(n: int, limits: RequestLimits, preferred: int | None = None) -> MaxTokens:
+    """max_tokens for a request that set none: the preferred default within both of the
+    operator's limits, as a cap admission lowers to what fits."""
     value = min(preferred or limits.default_max_tokens, limits.max_request_tokens // n)
     if limits.max_tokens:
         value = min(value, limits.max_tokens)
-    return max(1, value)
+    return MaxTokens.cap(max(1, value))
 
 
 def check_model_name(model: str) -> None:

@@ -43,8 +43,9 @@ def request_to_proto(
         sampling_unset=req.sampling_unset,
         # Only a token-id prompt needs the tokenizer's text to be echoed.
         echo=req.echo and req.prompt_token_ids is not None,
-        max_tokens=req.max_tokens,
-        max_tokens_is_cap=req.max_tokens_is_cap,
+        # The one place MaxTokens meets the wire (max_tokens.py).
+        max_tokens=req.max_tokens.limit,
+        max_tokens_is_cap=req.max_tokens.is_cap,
         stop=req.stop,
         stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos,

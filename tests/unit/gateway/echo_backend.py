@@ -103,8 +103,9 @@ def _checked_prompt_words(request: GenerationRequest) -> list[str]:
 
 
 def _plan(request: GenerationRequest, n_words: int) -> tuple[int, str]:
-    if request.max_tokens and (request.max_tokens < n_words or request.ignore_eos):
-        return request.max_tokens, "length"
+    limit = request.max_tokens.limit
+    if limit and (limit < n_words or request.ignore_eos):
+        return limit, "length"
     return n_words, "stop"
 
 

@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
+from services.common.max_tokens import MaxTokens
 from services.gateway.backend import ToolCall
 from services.gateway.http_app import create_app
 from tests.unit.gateway.conftest import API_KEY, front_door
@@ -75,7 +76,7 @@ async def test_create_with_system_and_stop_sequences(scripted, sdk) -> None:
         ("system", "Be brief"),
         ("user", "Tell me"),
     ]
-    assert asked.stop == ["\n\n"] and asked.max_tokens == 20
+    assert asked.stop == ["\n\n"] and asked.max_tokens == MaxTokens(20)
 
 
 async def test_max_tokens_maps_to_its_stop_reason(scripted, sdk) -> None:

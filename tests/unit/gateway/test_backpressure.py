@@ -15,6 +15,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from services.common.max_tokens import MaxTokens
 from services.gateway.api_keys import KeyRing
 from services.gateway.backend import GenerationRequest
 from services.gateway.choice_streams import (
@@ -42,7 +43,9 @@ async def test_a_stream_nobody_reads_is_stopped_at_a_token_bound() -> None:
     """What a reader that is away costs is bounded by MAX_UNREAD_TOKENS, not by max_tokens nor
     by how long the cut-off takes: its choices are aborted upstream past it."""
     backend = EchoBackend()
-    request = GenerationRequest("r-0", MODEL, prompt=PROMPT, max_tokens=5000, ignore_eos=True)
+    request = GenerationRequest(
+        "r-0", MODEL, prompt=PROMPT, max_tokens=MaxTokens(5000), ignore_eos=True
+    )
     streams = ChoiceStreams(backend, [request, GenerationRequest("r-1", MODEL, "a b")])
     peak = 0
     for _ in range(6000):  # the pumps run; the reader is away
@@ -57,7 +60,9 @@ async def test_a_stream_nobody_reads_is_stopped_at_a_token_bound() -> None:
 
 
 async def test_a_reader_that_keeps_coming_back_gets_everything() -> None:
-    request = GenerationRequest("r-0", MODEL, prompt=PROMPT, max_tokens=5000, ignore_eos=True)
+    request = GenerationRequest(
+        "r-0", MODEL, prompt=PROMPT, max_tokens=MaxTokens(5000), ignore_eos=True
+    )
     streams = ChoiceStreams(EchoBackend(), [request])
     items = []
     while not streams.finished:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from services.common.errors import Unavailable
+from services.common.max_tokens import MaxTokens
 from services.common.sampling import SamplingOptions
 from services.gateway.backend import GenerationDelta, GenerationRequest, TokenLogprob
 from services.gateway.choice_streams import ChoiceStreams, coalesce, merge_deltas
@@ -42,7 +43,9 @@ def test_coalesce_groups_per_choice_and_stops_at_an_error() -> None:
 async def test_a_slow_reader_gets_everything_queued_in_one_batch() -> None:
     backend = EchoBackend()
     words = " ".join(f"w{i}" for i in range(40))
-    streams = ChoiceStreams(backend, [_request(i, words, max_tokens=40) for i in range(2)])
+    streams = ChoiceStreams(
+        backend, [_request(i, words, max_tokens=MaxTokens(40)) for i in range(2)]
+    )
     await asyncio.sleep(0.05)  # the "client" is busy; both choices run to the end meanwhile
     batch = await streams.next_batch()
     assert streams.finished
@@ -54,7 +57,7 @@ async def test_a_slow_reader_gets_everything_queued_in_one_batch() -> None:
 
 async def test_close_aborts_running_choices() -> None:
     backend = EchoBackend(token_delay=0.01)
-    requests = [_request(i, "a b", max_tokens=1000, ignore_eos=True) for i in range(3)]
+    requests = [_request(i, "a b", max_tokens=MaxTokens(1000), ignore_eos=True) for i in range(3)]
     streams = ChoiceStreams(backend, requests)
     first = await streams.first_batch()
     assert {i for i, _ in first} == {0, 1, 2}

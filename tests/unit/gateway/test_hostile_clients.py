@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from layerserve.gateway.v1 import gateway_pb2
 from services.common.errors import ResourceExhausted
+from services.common.max_tokens import MaxTokens
 from services.gateway.api_keys import ApiKey, KeyLimits, KeyRing, bearer_token, hash_key
 from services.gateway.backend import GenerationRequest
 from services.gateway.concurrency import ConcurrencyLimiter, RedisLeases
@@ -32,7 +33,7 @@ def _key(limits: KeyLimits) -> tuple[str, ApiKey]:
 
 def _request(max_tokens: int, prompt: str = "a b c") -> GenerationRequest:
     return GenerationRequest(
-        request_id=uuid.uuid4().hex, model=MODEL, prompt=prompt, max_tokens=max_tokens
+        request_id=uuid.uuid4().hex, model=MODEL, prompt=prompt, max_tokens=MaxTokens(max_tokens)
     )
 
 
@@ -140,23 +141,29 @@ async def test_a_request_without_max_tokens_gets_a_bounded_default():
     """Row 2: n=16 and no max_tokens was up to the context length per choice."""
     status, _, backend = await _post(_chat(n=16))
     assert status == 200
-    assert {r.max_tokens for r in backend.requests} == {1024}
+    assert {r.max_tokens for r in backend.requests} == {MaxTokens.cap(1024)}
     limits = RequestLimits(default_max_tokens=100, max_request_tokens=800)
     status, _, backend = await _post(_chat(n=16), limits)
-    assert {r.max_tokens for r in backend.requests} == {50}  # 800 / 16: within the cap
+    assert {r.max_tokens for r in backend.requests} == {
+        MaxTokens.cap(50)
+    }  # 800 / 16: within the cap
 
 
 async def test_a_default_goes_down_as_a_cap_and_the_clients_own_max_tokens_as_is():
     """The scheduler lowers a cap to what fits the prompt, so a default is sent once (and
     tokenized once); a max_tokens the client set is never lowered: too long, it is a 400."""
     _, _, backend = await _post(_chat(n=2))
-    assert [(r.max_tokens, r.max_tokens_is_cap) for r in backend.requests] == [(1024, True)] * 2
-    assert request_to_proto(backend.requests[0]).max_tokens_is_cap
+    assert [r.max_tokens for r in backend.requests] == [MaxTokens.cap(1024)] * 2
+    wire = request_to_proto(backend.requests[0])
+    assert (wire.max_tokens, wire.max_tokens_is_cap) == (1024, True)
     _, _, backend = await _post(_chat(max_tokens=1024))
-    assert [(r.max_tokens, r.max_tokens_is_cap) for r in backend.requests] == [(1024, False)]
-    assert not request_to_proto(backend.requests[0]).max_tokens_is_cap
+    assert [r.max_tokens for r in backend.requests] == [MaxTokens(1024)]
+    wire = request_to_proto(backend.requests[0])
+    assert (wire.max_tokens, wire.max_tokens_is_cap) == (1024, False)
     grpc_default = request_from_proto(gateway_pb2.GenerateRequest(model=MODEL, prompt="a"), "g", {})
-    assert (grpc_default.max_tokens, grpc_default.max_tokens_is_cap) == (1024, True)
+    assert grpc_default.max_tokens == MaxTokens.cap(1024)
+    grpc_own = gateway_pb2.GenerateRequest(model=MODEL, prompt="a", max_tokens=9)
+    assert request_from_proto(grpc_own, "g", {}).max_tokens == MaxTokens(9)
 
 
 async def test_model_names_are_checked_and_never_echoed_whole(caplog):

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from services.common.errors import InvalidArgument
+from services.common.max_tokens import MaxTokens
 from services.gateway.openai_protocol import (
     parse_chat_request,
     parse_completion_request,
@@ -28,7 +29,7 @@ def test_completion_defaults_follow_openai() -> None:
     assert parsed.response_id.startswith("cmpl-")
     assert request.request_id == f"{parsed.response_id}-0"
     assert request.prompt == "hello" and request.prompt_token_ids is None
-    assert request.max_tokens == 16
+    assert request.max_tokens == MaxTokens.cap(16)
     assert request.sampling.temperature == 1.0
     assert request.sampling.logprobs is None
     assert not parsed.stream and not parsed.include_usage
@@ -63,7 +64,7 @@ def test_completion_carries_every_parameter() -> None:
     assert (s.temperature, s.top_p, s.top_k, s.min_p) == (0.5, 0.9, 40, 0.1)
     assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (1.1, 0.5, -0.5)
     assert (s.seed, s.logprobs) == (3, 2)
-    assert request.max_tokens == 7 and request.stop == ["END"]
+    assert request.max_tokens == MaxTokens(7) and request.stop == ["END"]
     assert request.stop_token_ids == [2, 3] and request.ignore_eos and request.priority == -1
     assert request.trace_context == {"traceparent": "00-abc-def-01"}
     assert parsed.stream and parsed.include_usage
@@ -117,14 +118,14 @@ def test_chat_messages_and_parts() -> None:
     ]
     assert request.add_generation_prompt
     # chat default: LAYERSERVE_DEFAULT_MAX_TOKENS, a cap the scheduler lowers to what fits
-    assert request.max_tokens == 1024 and request.max_tokens_is_cap
+    assert request.max_tokens == MaxTokens.cap(1024)
 
 
 def test_chat_max_completion_tokens_wins() -> None:
     (request,) = parse_chat_request(
         _chat(max_tokens=5, max_completion_tokens=9), request_id="r-1"
     ).requests
-    assert request.max_tokens == 9
+    assert request.max_tokens == MaxTokens(9)
 
 
 def test_chat_logprobs_flag_and_count() -> None:
@@ -151,7 +152,7 @@ def test_nulls_mean_defaults() -> None:
         _chat(temperature=None, max_tokens=None, stop=None, n=None, seed=None, logprobs=None),
         request_id="r-1",
     ).requests
-    assert request.sampling.temperature == 1.0 and request.max_tokens == 1024
+    assert request.sampling.temperature == 1.0 and request.max_tokens == MaxTokens.cap(1024)
 
 
 @pytest.mark.parametrize(

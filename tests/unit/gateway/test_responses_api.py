@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from pydantic import BaseModel
 
 from services.common.errors import NotFound
+from services.common.max_tokens import MaxTokens
 from services.gateway.backend import GenerationDelta, GenerationRequest, ModelCard, ToolCall
 from services.gateway.http_app import create_app
 from services.gateway.responses_store import ResponseStore
@@ -216,7 +217,7 @@ async def test_max_output_tokens_ends_incomplete(scripted, sdk) -> None:
     assert response.status == "incomplete"
     assert response.incomplete_details is not None
     assert response.incomplete_details.reason == "max_output_tokens"
-    assert scripted.requests[0].max_tokens == 1
+    assert scripted.requests[0].max_tokens == MaxTokens(1)
 
 
 @pytest.mark.parametrize(
