@@ -146,14 +146,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         backend: Backend,
         front_door: FrontDoor,
         limits: RequestLimits = DEFAULT_LIMITS,
-    ) -> None:
         ring: TraceRing | None = None,
-        self._backend = backend
+    ) -> None:
         """ring: the console's (console_routes.RING), where calls are listed as HTTP's are."""
+        self._backend = backend
         self._door = front_door
         self._limits = limits
         self._prompt_guard = PromptGuard(backend, limits)
-
         self._ring = ring
 
     def _claim(self, span: Span | None, key: ApiKey, request_id: str) -> TraceOwner | None:
@@ -165,6 +164,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         owner = TraceOwner(key.tenant, request_id, request_span.GRPC_GENERATE)
         self._ring.claim(format_trace_id(context.trace_id), owner)
         return owner
+
     async def _authorize(self, context: grpc.aio.ServicerContext) -> tuple[ApiKey, dict]:
         """Aborts with UNAUTHENTICATED unless the key is good; returns it and the metadata."""
         metadata = dict(context.invocation_metadata() or ())
@@ -181,12 +181,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         """Streams with context.write rather than yield: a write can be given a time limit."""
         request_id = f"gen-{uuid.uuid4().hex}"
         span = request_span.start_grpc(context)
-        try:
         owner = None
+        try:
             with tracing.use(span):
                 key, metadata = await self._authorize(context)
-            trace = tracing.forward(span, request_span.client_context(metadata))
             owner = self._claim(span, key, request_id)
+            trace = tracing.forward(span, request_span.client_context(metadata))
             req = request_from_proto(request, request_id, trace, self._limits)
             await self._prompt_guard.check(req)
             request_span.describe(span, request_id, [req])
@@ -217,9 +217,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             log.exception("request %s failed", request_id)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request {request_id})")
         finally:
-            request_span.end_grpc(span, context.code(), request_id, sys.exc_info()[1])
             if owner is not None:
                 owner.done = True
+            request_span.end_grpc(span, context.code(), request_id, sys.exc_info()[1])
 
     async def ListModels(self, request, context) -> gateway_pb2.ListModelsResponse:
         key, _ = await self._authorize(context)
