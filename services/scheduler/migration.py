@@ -10,7 +10,7 @@ With no other replica ready, a request waits up to `wait_s` for one (the lost wo
 may come back: its engine reconnects); then, or once it has moved `max_migrations` times, it
 ends with UNAVAILABLE naming why. Each move is logged, counted
 (layerserve:request_migrations_total{model, reason="worker_lost"}) and marked on the
-request's span (event `migration`).
+`scheduler request` span (event `migrated`, as the tokenizer's on its own span).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 - `admission`: routing, the checks against the model and the worker, queueing;
 - `queue`: waiting to start, once per wait (a preempted request waits again);
 - `prefill`: one per chunk of prompt (or recomputation) an engine step computes (step_trace.py);
-- `decode`: from the first token to the finish, with events `first_token`, `preemption` and
-  `finish`.
+- `decode`: from the first token to the finish, with events `first_token`, `preemption`,
+  `migrated` (its worker was lost: it moves to another, migration.py) and `finish`.
 
 Attributes: GenAI (model, settings, usage, finish reason) and ours (the choice id, the worker's
 address, cached prefix tokens next to those the router predicted, preemptions, and with
@@ -102,7 +102,7 @@ class RequestTrace:
         tracing.finish(self._queue, None)
         self._queue = None
         (self._decode or self.span).add_event(
-            "migration",
+            "migrated",
             {
                 "layerserve.migration.reason": reason,
                 attrs.WORKER: worker,

@@ -18,7 +18,11 @@ import httpx
 from services.stack import Stack
 from tests.e2e.conftest import free_ports
 from tests.reliability.conftest import API_KEY, all_worker_stats, eventually
-from tests.reliability.test_scheduler_failover import assert_as_uninterrupted, streams_through
+from tests.reliability.test_scheduler_failover import (
+    assert_as_uninterrupted,
+    streams_through,
+    uninterrupted,
+)
 
 STREAMS = 40
 STEP_S = 0.1  # each null step sleeps this long: the streams outlast the freeze's detection
@@ -58,7 +62,8 @@ def test_a_frozen_worker_is_dropped_its_streams_move_and_it_comes_back(
         frozen.send_signal(signal.SIGSTOP)
 
     try:
-        reference, results, _ = asyncio.run(streams_through(stack, STREAMS, freeze))
+        reference = asyncio.run(uninterrupted(stack))
+        results, _ = asyncio.run(streams_through(stack, STREAMS, freeze))
         dropped = frozen_address not in all_worker_stats(stack)
     finally:
         frozen.send_signal(signal.SIGCONT)
@@ -81,7 +86,7 @@ def test_migration_is_bounded_by_the_wait_for_a_replica(own_stack: Callable[...,
     )
     kill = partial(stack.kill, "worker0")
     started = time.monotonic()
-    _, results, took_s = asyncio.run(streams_through(stack, 4, kill))
+    results, took_s = asyncio.run(streams_through(stack, 4, kill))
     assert all(text.startswith("error UNAVAILABLE") for _, text, _ in results), results
     assert all("no other worker" in text for _, text, _ in results), results
     assert took_s < 10, took_s
