@@ -12,6 +12,7 @@ from services.common.errors import InvalidArgument
 
 MAX_LOGPROBS = 20
 
+Pooling = Literal["last", "mean"]
 StructuredKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
 STRUCTURED_KINDS: tuple[StructuredKind, ...] = (
     "json_schema",
@@ -77,6 +78,9 @@ class SamplingOptions:
     # None: no prompt logprobs. n >= 0: each prompt token's logprob after the first, computed
     # during prefill, and the n most likely alternatives at its position.
     prompt_logprobs: int | None = None
+    # None: no embedding. "last" or "mean": the prompt's final hidden states pooled so,
+    # L2-normalised, returned with the first token (embeddings).
+    pooling: Pooling | None = None
     # None: unconstrained.
     structured: StructuredOutput | None = None
 

@@ -4,7 +4,10 @@ protobuf form (common.v1.SamplingParams, common.v1.StructuredOutput), at the ser
 from __future__ import annotations
 
 from layerserve.common.v1 import common_pb2
-from services.common.sampling import SamplingOptions, StructuredOutput
+from services.common.sampling import Pooling, SamplingOptions, StructuredOutput
+
+POOLING: dict[Pooling, int] = {"last": common_pb2.POOLING_LAST, "mean": common_pb2.POOLING_MEAN}
+_POOLING_OF = {number: name for name, number in POOLING.items()}
 
 
 def structured_to_proto(structured: StructuredOutput) -> common_pb2.StructuredOutput:
@@ -43,6 +46,8 @@ def sampling_to_proto(options: SamplingOptions) -> common_pb2.SamplingParams:
         msg.logprobs = options.logprobs
     if options.prompt_logprobs is not None:
         msg.prompt_logprobs = options.prompt_logprobs
+    if options.pooling is not None:
+        msg.pooling = POOLING[options.pooling]  # type: ignore[assignment]
     if options.structured is not None:
         msg.structured.CopyFrom(structured_to_proto(options.structured))
     return msg
@@ -61,5 +66,6 @@ def sampling_from_proto(msg: common_pb2.SamplingParams) -> SamplingOptions:
         seed=msg.seed if msg.HasField("seed") else None,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
         prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
+        pooling=_POOLING_OF.get(msg.pooling),
         structured=(structured_from_proto(msg.structured) if msg.HasField("structured") else None),
     )

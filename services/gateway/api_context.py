@@ -19,7 +19,7 @@ from services.gateway.openai_protocol import ParsedRequest
 from services.gateway.request_limits import RequestLimits
 
 # The routes that generate, traced as chat completions are.
-API_GENERATION_PATHS = frozenset({"/v1/responses", *ANTHROPIC_PATHS})
+API_GENERATION_PATHS = frozenset({"/v1/responses", "/v1/embeddings", *ANTHROPIC_PATHS})
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,8 @@ class GenerationRequest:
     # Completions' echo: the response starts with the prompt (and, with sampling.prompt_logprobs,
     # the prompt tokens' logprobs).
     echo: bool = False
+    # POST /v1/embeddings: the prompt pooled as the model says (GenerationDelta.embedding).
+    embed: bool = False
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -116,6 +118,7 @@ class GenerationDelta:
     # and its tokens' logprobs (sampling.prompt_logprobs; the first token's logprob None).
     prompt_text: str | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
+    embedding: list[float] | None = None  # an embedding request's vector, on its first delta
 
 
 @dataclass(slots=True)

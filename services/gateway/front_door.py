@@ -167,7 +167,8 @@ def reservation(requests: list[GenerationRequest]) -> int:
     read: it is not tokenized yet) plus every choice's max_tokens."""
     if not requests:
         return 0
-    return estimated_tokens(requests[0]) + sum(r.max_tokens.limit for r in requests)
+    prompts = requests if requests[0].embed else requests[:1]  # embeddings: one per input
+    return sum(map(estimated_tokens, prompts)) + sum(r.max_tokens.limit for r in requests)
 
 
 class _MeteredBackend:
@@ -178,7 +179,8 @@ class _MeteredBackend:
         self._backend = backend
         self._started = started
         self._index = {r.request_id: i for i, r in enumerate(requests)}
-        self.tally = UsageTally(max(1, len(requests)))
+        shared = not requests or not requests[0].embed  # the choices of one prompt
+        self.tally = UsageTally(max(1, len(requests)), shared_prompt=shared)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         index = self._index.get(request.request_id, 0)

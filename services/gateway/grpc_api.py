@@ -38,6 +38,7 @@ from services.gateway.backend import (
 from services.gateway.choice_streams import ChoiceStreams, ClientStalled, coalesce, write_within
 from services.gateway.front_door import FrontDoor
 from services.gateway.grammar_check import check_grammars
+from services.gateway.grpc_embed import embed
 from services.gateway.prompt_guard import PromptGuard
 from services.gateway.prompt_size import check_count
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
@@ -219,6 +220,25 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         finally:
             if owner is not None:
                 owner.done = True
+            request_span.end_grpc(span, context.code(), request_id, sys.exc_info()[1])
+
+    async def Embed(self, request, context) -> gateway_pb2.EmbedResponse:
+        request_id = f"embd-{uuid.uuid4().hex}"
+        span = request_span.start_grpc(context)
+        try:
+            with tracing.use(span):
+                key, metadata = await self._authorize(context)
+                trace = tracing.forward(span, request_span.client_context(metadata))
+                return await embed(
+                    request, request_id, trace, key, self._door, self._backend, self._limits
+                )
+        except LayerserveError as err:
+            count_error(error_code(err))
+            await context.abort(grpc_code(err), err.message)
+        except asyncio.CancelledError:  # the client cancelled the call or went away
+            count_error("cancelled")
+            raise
+        finally:
             request_span.end_grpc(span, context.code(), request_id, sys.exc_info()[1])
 
     async def ListModels(self, request, context) -> gateway_pb2.ListModelsResponse:

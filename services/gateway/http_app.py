@@ -1,13 +1,12 @@
 """The gateway's OpenAI-compatible HTTP front end, as an aiohttp application.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, the Responses API (responses_routes.py)
-and the Anthropic Messages API (anthropic_routes.py), GET /v1/models, GET /v1/models/{id},
-GET /v1/usage (the caller's own counters), GET /health (liveness), GET /ready (readiness,
-lifecycle.py), GET /metrics (Prometheus, request_metrics.py). Who may come in, and how many
-at once, is the FrontDoor's business (front_door.py). Every response carries X-Request-Id (the
-client's, when it sent a sane one), and every log line about a request names it. Errors are
-OpenAI ErrorResponse bodies: a LayerserveError with its own status, anything else a generic 500
-whose traceback goes only to the log.
+Routes: POST /v1/completions and /v1/chat/completions, the Responses, Anthropic Messages and
+embeddings APIs (responses_routes.py, anthropic_routes.py, embeddings_routes.py), GET
+/v1/models[/{id}], /v1/usage (the caller's own counters), /health (liveness), /ready
+(lifecycle.py), /metrics (request_metrics.py). Who may come in, and how many at once, is the
+FrontDoor's business (front_door.py). Every response carries X-Request-Id (the client's, when it
+sent a sane one), and every log line about a request names it. Errors are OpenAI ErrorResponse
+bodies: a LayerserveError with its own status, anything else a 500 (its traceback in the log).
 
 Serve it with handler cancellation on (`web.AppRunner(app, handler_cancellation=True)`):
 aiohttp then cancels the handler when the client disconnects, which closes the backend
@@ -33,6 +32,7 @@ from services.gateway.api_context import API_GENERATION_PATHS, ApiContext, ApiHa
 from services.gateway.api_keys import ApiKey, KeyRing
 from services.gateway.backend import Backend, ModelCard
 from services.gateway.console_routes import PAGE_PATHS, add_console_routes
+from services.gateway.embeddings_routes import add_embeddings_routes
 from services.gateway.front_door import FrontDoor
 from services.gateway.grammar_check import check_grammars
 from services.gateway.http_body import connection_options, read_body
@@ -123,6 +123,7 @@ def create_app(
     app.router.add_post("/v1/chat/completions", _chat_completions)
     add_responses_routes(app, responses or ResponseStore(), _api)
     add_anthropic_routes(app, _api)
+    add_embeddings_routes(app, _api)
     app.router.add_get("/v1/models", _list_models)
     app.router.add_get("/v1/models/{model:.+}", _get_model)
     app.router.add_get("/v1/usage", _usage)

@@ -185,9 +185,11 @@ def _tool_call_json(call: ToolCall, arguments: str | None = None) -> JsonObject:
 
 class UsageTally:
     """Token counts per choice. The prompt is shared, so it counts once (as OpenAI does);
-    completions add up across choices."""
+    completions add up across choices. shared_prompt False (embeddings: each choice is its own
+    input): the prompts add up too."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, shared_prompt: bool = True) -> None:
+        self._shared_prompt = shared_prompt
         self._prompt = [0] * n
         self._cached = [0] * n
         self._completion = [0] * n
@@ -203,7 +205,7 @@ class UsageTally:
         )
 
     def as_json(self) -> JsonObject:
-        prompt = max(self._prompt)
+        prompt = max(self._prompt) if self._shared_prompt else sum(self._prompt)
         completion = sum(self._completion)
         return {
             "prompt_tokens": prompt,

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway.console_openapi import console_paths
+from services.gateway.embeddings_openapi import embeddings_operation, embeddings_schemas
 from services.gateway.http_json import dumps
 from services.gateway.openapi_requests import chat_message, chat_request, completion_request
 from services.gateway.openapi_schemas import response_schemas
@@ -49,6 +50,7 @@ def openapi_document(limits: RequestLimits) -> Schema:
         "ChatMessage": chat_message(),
         **response_schemas(),
         **api_schemas(),  # the Responses and Anthropic Messages APIs
+        **embeddings_schemas(),
     }
     return {
         "openapi": "3.1.0",
@@ -89,6 +91,9 @@ def _paths(limits: RequestLimits) -> Schema:
         },
         "/v1/chat/completions": {
             "post": _generation("createChatCompletion", "CreateChatCompletionRequest", "Chat")
+        },
+        "/v1/embeddings": {
+            "post": embeddings_operation(_error_refs(_GENERATION_ERRORS), dict(_REQUEST_ID))
         },
         "/v1/models": {"get": _get("listModels", "ListModelsResponse", ("401", "503"))},
         "/v1/models/{model}": {

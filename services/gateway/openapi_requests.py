@@ -240,7 +240,13 @@ def completion_request(limits: RequestLimits) -> Schema:
             "prompt": prompt,
             "max_tokens": _max_tokens(limits, DEFAULT_COMPLETION_MAX_TOKENS),
             "logprobs": _int(0, MAX_COMPLETION_LOGPROBS, "Top alternatives per token."),
-            "echo": optional({"const": False, "description": "Not supported: only false."}),
+            "echo": optional(
+                {
+                    "type": "boolean",
+                    "description": "Each choice starts with the prompt; with logprobs, so do "
+                    "its logprobs (the prompt's tokens, the first one's null).",
+                }
+            ),
             "suffix": _OFF,
         },
     }

@@ -43,6 +43,7 @@ def request_to_proto(
         sampling_unset=req.sampling_unset,
         # Only a token-id prompt needs the tokenizer's text to be echoed.
         echo=req.echo and req.prompt_token_ids is not None,
+        embed=req.embed,
         # The one place MaxTokens meets the wire (max_tokens.py).
         max_tokens=req.max_tokens.limit,
         max_tokens_is_cap=req.max_tokens.is_cap,
@@ -121,6 +122,7 @@ def delta_from_proto(out: tokenizer_pb2.GenerateOutput, want_logprobs: bool) -> 
         tool_calls=[ToolCall(c.id, c.name, c.arguments, c.index) for c in out.tool_calls],
         prompt_text=out.prompt_text or None,
         prompt_logprobs=_prompt_logprobs(out),
+        embedding=list(out.embedding) if out.embedding else None,
     )
 
 

@@ -19,11 +19,14 @@ class Output:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     finish_reason: FinishReason | None = None  # set on a request's last output
     error: LayerserveError | None = None  # set when it ended in an error (finish_reason ERROR)
+    prompt_logprobs: list[object] = field(default_factory=list)  # with the first token only
+    embedding: list[float] | None = None  # with the first token only
 
     @classmethod
     def sampled(cls, request: Request, *samples: Sample) -> Output:
-        """The request's tokens of one step: one, or several with speculative decoding."""
-        return cls(
+        """The request's tokens of one step: one, or several with speculative decoding; the
+        prompt's logprobs and embedding once (marked sent on the request)."""
+        output = cls(
             request.request_id,
             [sample.token_id for sample in samples],
             [sample.logprob for sample in samples if sample.logprob is not None],
@@ -31,6 +34,11 @@ class Output:
             request.num_cached_tokens,
             request.finish_reason,
         )
+        first = samples[0] if samples else None
+        if first is not None and not request.prompt_outputs_sent:
+            output.prompt_logprobs, output.embedding = first.prompt_logprobs, first.embedding
+            request.prompt_outputs_sent = bool(first.prompt_logprobs) or first.embedding is not None
+        return output
 
     @classmethod
     def failed(cls, request_id: str, error: LayerserveError) -> Output:

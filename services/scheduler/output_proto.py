@@ -24,6 +24,9 @@ def output_to_proto(output: Output) -> scheduler_pb2.RequestOutput:
         cached_tokens=output.cached_tokens,
     )
     msg.logprobs.extend(output.logprobs)
+    msg.prompt_logprobs.extend(output.prompt_logprobs)
+    if output.embedding is not None:
+        msg.embedding.extend(output.embedding)
     if output.finish_reason is not None:
         msg.finish_reason = _FINISH[output.finish_reason]
     if output.error is not None:

@@ -77,6 +77,9 @@ class Request:
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_cached_blocks: int = 0
     num_cached_tokens: int = 0
+    # Its prompt logprobs or embedding went out (a recomputation after preemption sends them
+    # again, to be dropped).
+    prompt_outputs_sent: bool = False
     # The prompt tokens the router expected this worker's cache to hold when it sent the
     # request here (None: the routing mode does not look at caches), to set against
     # num_cached_tokens, the tokens actually reused.
@@ -86,6 +89,12 @@ class Request:
     def block_ids(self) -> list[int]:
         """Group 0's block table (the only one for a worker with one group). Read-only."""
         return self.block_tables[0] if self.block_tables else []
+
+    @property
+    def reads_every_prompt_position(self) -> bool:
+        """Prompt logprobs and mean pooling need every prompt position computed: no prefix
+        comes from the cache."""
+        return self.sampling.prompt_logprobs is not None or self.sampling.pooling == "mean"
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -235,7 +235,7 @@ class Scheduler:
 
     def _cached_prefix(self, request: Request) -> list[list[int]]:
         """Per KV cache group, the cached blocks the request starts from."""
-        if not self.limits.enable_prefix_caching:
+        if not self.limits.enable_prefix_caching or request.reads_every_prompt_position:
             return self.kv.empty_tables()
         return self.kv.find_cached_prefix(request)
 

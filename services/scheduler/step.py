@@ -82,6 +82,10 @@ class Sample:
     # The worker could not sample this request (its output constraint failed): it ends with
     # this error, and token_id means nothing.
     error: LayerserveError | None = None
+    # With the request's first token: its prompt tokens' logprobs (common.v1.TokenLogprob,
+    # untouched) and its prompt's embedding, when it asked for them.
+    prompt_logprobs: list[object] = field(default_factory=list)
+    embedding: list[float] | None = None
 
 
 @dataclass(slots=True)

@@ -79,6 +79,8 @@ def result_from_proto(msg: worker_pb2.StepResult) -> StepResult:
             s.token_id,
             s.logprob if s.HasField("logprob") else None,
             error_from_code(s.error.code, s.error.message) if s.HasField("error") else None,
+            list(s.prompt_logprobs),
+            list(s.embedding) if s.embedding else None,
         )
         for s in msg.sampled
     ]

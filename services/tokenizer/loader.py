@@ -7,6 +7,7 @@ from pathlib import Path
 
 from services.tokenizer.gguf_tokenizer import default_gguf_path, load_gguf_text_model
 from services.tokenizer.hf_tokenizer import load_hf_tokenizer
+from services.tokenizer.pooling_choice import pooling_of
 from services.tokenizer.sampling_defaults import sampling_defaults_for
 from services.tokenizer.text_model import TextModel
 
@@ -31,6 +32,7 @@ def load_tokenizer(
     recommended sampling settings are read (and logged) only when it is given.
     """
     model = _load(path)
+    model.pooling = pooling_of(path if path is not None else default_gguf_path())
     if defaults_file is not None:
         where = path if path is not None else default_gguf_path()
         model.sampling_defaults = sampling_defaults_for(where, defaults_file)

@@ -57,7 +57,7 @@ class OutputSink:
         events: RequestListener = NO_LISTENER,
         tool_parser: ToolCallParser | None = None,  # None: all text is content
         echo_text: str | None = None,  # the prompt's text, for the first output (echo)
-        first_prompt_token: int = -1,  # the prompt's first token (prompt logprobs)
+        first_prompt_token: int = -1,  # the prompt's first token, when prompt logprobs are asked
     ) -> None:
         self.request_id = request_id
         self.model_name = model_name  # the model serving it (an alias's target)
@@ -114,6 +114,7 @@ class OutputSink:
         for lp in output.logprobs:
             out.logprobs.append(self._text_logprob(lp))
         self._add_prompt(out, output.prompt_logprobs)
+        out.embedding.extend(output.embedding)
         self.outbox.put(out)
         if self.stream.finished:
             self.open_ids.discard(self.request_id)
@@ -135,7 +136,7 @@ class OutputSink:
         scheduler replica gets its prompt logprobs again there."""
         if self.echo_text is not None:
             out.prompt_text, self.echo_text = self.echo_text, None
-        if prompt_logprobs and self.first_prompt_token >= 0:
+        if self.first_prompt_token >= 0:  # a one-token prompt has only this entry
             first = common_pb2.TokenLogprob(token_id=self.first_prompt_token)
             out.prompt_logprobs.append(self._text_logprob(first))
             for lp in prompt_logprobs:

@@ -20,6 +20,7 @@ from services.common.errors import (
 )
 from services.common.grpc_util import call_domain
 from services.common.mux import Outbox, session_batches
+from services.common.sampling_proto import POOLING
 from services.tokenizer.chat_request import (
     chat_messages,
     chat_tools,
@@ -63,6 +64,24 @@ def tokenize(model: TextModel, msg, tool_parser: str = "auto") -> list[int]:
         model.validate_ids(ids)
         return ids
     return model.encode(msg.prompt)
+
+
+def _wants_prompt_logprobs(request: tokenizer_pb2.GenerateRequest) -> bool:
+    return request.sampling.HasField("prompt_logprobs")
+
+
+def _sampling(
+    request: tokenizer_pb2.GenerateRequest, model: TextModel
+) -> common_pb2.SamplingParams:
+    """The model's recommended settings for the fields the client left out, and for an
+    embedding request the model's pooling."""
+    sampling = model.sampling_defaults.apply(request.sampling, request.sampling_unset)
+    if request.embed:
+        pooled = common_pb2.SamplingParams()
+        pooled.CopyFrom(sampling)
+        pooled.pooling = POOLING[model.pooling]  # type: ignore[assignment]
+        return pooled
+    return sampling
 
 
 def check_prompt_length(num_tokens: int, limit: int) -> None:
@@ -243,8 +262,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             request_id=request_id,
             model=target,
             prompt_token_ids=prompt_ids,
-            # The model's recommended settings for the fields the client left out.
-            sampling=model.sampling_defaults.apply(request.sampling, request.sampling_unset),
+            sampling=_sampling(request, model),
             max_tokens=request.max_tokens,
             max_tokens_is_cap=request.max_tokens_is_cap,
             stop_token_ids=request.stop_token_ids,
@@ -266,7 +284,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             events,
             tools,
             echo_text=model.decode(prompt_ids) if request.echo else None,
-            first_prompt_token=prompt_ids[0] if prompt_ids else -1,
+            first_prompt_token=prompt_ids[0] if _wants_prompt_logprobs(request) else -1,
         )
         MigratingSink(submit, sink, self._schedulers, link, events, self._max_migrations).start()
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from tokenizers import Tokenizer
 
 from services.common.errors import InvalidArgument
+from services.common.sampling import Pooling
 from services.tokenizer.chat_template import ChatTemplate, Message
 from services.tokenizer.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 from services.tokenizer.tool_format import ToolFormat
@@ -61,6 +62,8 @@ class TextModel:
         self.stop_token_ids = self._collect_stop_ids(extra_stop_token_ids)
         # The model's recommended sampling settings (set by the loader; none by default).
         self.sampling_defaults: SamplingDefaults = NO_DEFAULTS
+        # How its embeddings are pooled (set by the loader: pooling_choice.py).
+        self.pooling: Pooling = "last"
         self.chat_template: ChatTemplate | None = None
         self.template_renders_tools = False
         if chat_template:

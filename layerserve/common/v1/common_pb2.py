@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!layerserve/common/v1/common.proto\x12\x14layerserve.common.v1\"\xd1\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x05 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x15\n\x08logprobs\x18\t \x01(\x05H\x01\x88\x01\x01\x12:\n\nstructured\x18\n \x01(\x0b\x32&.layerserve.common.v1.StructuredOutput\x12\x1c\n\x0fprompt_logprobs\x18\x0b \x01(\x05H\x02\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x9d\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12/\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x1d.layerserve.common.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x06\n\x04kind\"\x19\n\x07\x43hoices\x12\x0e\n\x06values\x18\x01 \x03(\t\"\x80\x01\n\x0cTraceContext\x12@\n\x07\x63\x61rrier\x18\x01 \x03(\x0b\x32/.layerserve.common.v1.TraceContext.CarrierEntry\x1a.\n\x0c\x43\x61rrierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"6\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05param\x18\x03 \x01(\t\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"`\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12-\n\x03top\x18\x03 \x03(\x0b\x32 .layerserve.common.v1.TopLogprob*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!layerserve/common/v1/common.proto\x12\x14layerserve.common.v1\"\x81\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x05 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x15\n\x08logprobs\x18\t \x01(\x05H\x01\x88\x01\x01\x12:\n\nstructured\x18\n \x01(\x0b\x32&.layerserve.common.v1.StructuredOutput\x12\x1c\n\x0fprompt_logprobs\x18\x0b \x01(\x05H\x02\x88\x01\x01\x12.\n\x07pooling\x18\x0c \x01(\x0e\x32\x1d.layerserve.common.v1.PoolingB\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x9d\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12/\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x1d.layerserve.common.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x06\n\x04kind\"\x19\n\x07\x43hoices\x12\x0e\n\x06values\x18\x01 \x03(\t\"\x80\x01\n\x0cTraceContext\x12@\n\x07\x63\x61rrier\x18\x01 \x03(\x0b\x32/.layerserve.common.v1.TraceContext.CarrierEntry\x1a.\n\x0c\x43\x61rrierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"6\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05param\x18\x03 \x01(\t\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"`\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12-\n\x03top\x18\x03 \x03(\x0b\x32 .layerserve.common.v1.TopLogprob*F\n\x07Pooling\x12\x17\n\x13POOLING_UNSPECIFIED\x10\x00\x12\x10\n\x0cPOOLING_LAST\x10\x01\x12\x10\n\x0cPOOLING_MEAN\x10\x02*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,22 +33,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TRACECONTEXT_CARRIERENTRY']._loaded_options = None
   _globals['_TRACECONTEXT_CARRIERENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=921
-  _globals['_FINISHREASON']._serialized_end=1066
+  _globals['_POOLING']._serialized_start=968
+  _globals['_POOLING']._serialized_end=1038
+  _globals['_FINISHREASON']._serialized_start=1041
+  _globals['_FINISHREASON']._serialized_end=1186
   _globals['_SAMPLINGPARAMS']._serialized_start=60
-  _globals['_SAMPLINGPARAMS']._serialized_end=397
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=400
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=557
-  _globals['_CHOICES']._serialized_start=559
-  _globals['_CHOICES']._serialized_end=584
-  _globals['_TRACECONTEXT']._serialized_start=587
-  _globals['_TRACECONTEXT']._serialized_end=715
-  _globals['_TRACECONTEXT_CARRIERENTRY']._serialized_start=669
-  _globals['_TRACECONTEXT_CARRIERENTRY']._serialized_end=715
-  _globals['_STATUS']._serialized_start=717
-  _globals['_STATUS']._serialized_end=771
-  _globals['_TOPLOGPROB']._serialized_start=773
-  _globals['_TOPLOGPROB']._serialized_end=820
-  _globals['_TOKENLOGPROB']._serialized_start=822
-  _globals['_TOKENLOGPROB']._serialized_end=918
+  _globals['_SAMPLINGPARAMS']._serialized_end=445
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=448
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=605
+  _globals['_CHOICES']._serialized_start=607
+  _globals['_CHOICES']._serialized_end=632
+  _globals['_TRACECONTEXT']._serialized_start=635
+  _globals['_TRACECONTEXT']._serialized_end=763
+  _globals['_TRACECONTEXT_CARRIERENTRY']._serialized_start=717
+  _globals['_TRACECONTEXT_CARRIERENTRY']._serialized_end=763
+  _globals['_STATUS']._serialized_start=765
+  _globals['_STATUS']._serialized_end=819
+  _globals['_TOPLOGPROB']._serialized_start=821
+  _globals['_TOPLOGPROB']._serialized_end=868
+  _globals['_TOKENLOGPROB']._serialized_start=870
+  _globals['_TOKENLOGPROB']._serialized_end=966
 # @@protoc_insertion_point(module_scope)

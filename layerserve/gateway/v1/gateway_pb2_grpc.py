@@ -44,6 +44,11 @@ class GatewayStub:
                 request_serializer=layerserve_dot_gateway_dot_v1_dot_gateway__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=layerserve_dot_gateway_dot_v1_dot_gateway__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/layerserve.gateway.v1.Gateway/Embed',
+                request_serializer=layerserve_dot_gateway_dot_v1_dot_gateway__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=layerserve_dot_gateway_dot_v1_dot_gateway__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -65,6 +70,15 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embeds inputs (POST /v1/embeddings' twin): each is a prompt-only request through the same
+        admission and scheduler as Generate, its final hidden states pooled as the model says and
+        L2-normalised. Errors: as Generate's (INVALID_ARGUMENT names the field).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +91,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=layerserve_dot_gateway_dot_v1_dot_gateway__pb2.ListModelsRequest.FromString,
                     response_serializer=layerserve_dot_gateway_dot_v1_dot_gateway__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=layerserve_dot_gateway_dot_v1_dot_gateway__pb2.EmbedRequest.FromString,
+                    response_serializer=layerserve_dot_gateway_dot_v1_dot_gateway__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +152,33 @@ class Gateway:
             '/layerserve.gateway.v1.Gateway/ListModels',
             layerserve_dot_gateway_dot_v1_dot_gateway__pb2.ListModelsRequest.SerializeToString,
             layerserve_dot_gateway_dot_v1_dot_gateway__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/layerserve.gateway.v1.Gateway/Embed',
+            layerserve_dot_gateway_dot_v1_dot_gateway__pb2.EmbedRequest.SerializeToString,
+            layerserve_dot_gateway_dot_v1_dot_gateway__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from layerserve.common.v1 import common_pb2 as layerserve_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'layerserve/tokenizer/v1/tokenizer.proto\x12\x17layerserve.tokenizer.v1\x1a!layerserve/common/v1/common.proto\"\x87\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x35\n\ntool_calls\x18\x03 \x03(\x0b\x32!.layerserve.tokenizer.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"e\n\x0c\x43hatMessages\x12\x36\n\x08messages\x18\x01 \x03(\x0b\x32$.layerserve.tokenizer.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x8c\x05\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x06prompt\x18\x03 \x01(\tH\x00\x12\x35\n\x04\x63hat\x18\x04 \x01(\x0b\x32%.layerserve.tokenizer.v1.ChatMessagesH\x00\x12=\n\x10prompt_token_ids\x18\x05 \x01(\x0b\x32!.layerserve.tokenizer.v1.TokenIdsH\x00\x12\x36\n\x08sampling\x18\x06 \x01(\x0b\x32$.layerserve.common.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x16\n\x0estop_token_ids\x18\t \x03(\x05\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x1b\n\x13skip_special_tokens\x18\x0b \x01(\x08\x12\x10\n\x08priority\x18\x0c \x01(\x05\x12\x31\n\x05trace\x18\r \x01(\x0b\x32\".layerserve.common.v1.TraceContext\x12\x0e\n\x06tenant\x18\x0e \x01(\t\x12\x19\n\x11max_prompt_tokens\x18\x0f \x01(\x05\x12,\n\x05tools\x18\x10 \x03(\x0b\x32\x1d.layerserve.tokenizer.v1.Tool\x12\x43\n\x11tool_call_parsing\x18\x11 \x01(\x0e\x32(.layerserve.tokenizer.v1.ToolCallParsing\x12\x19\n\x11max_tokens_is_cap\x18\x12 \x01(\x08\x12\x16\n\x0esampling_unset\x18\x13 \x03(\t\x12\x0c\n\x04\x65\x63ho\x18\x14 \x01(\x08\x42\x07\n\x05input\"\\\n\x0eSessionRequest\x12:\n\x08requests\x18\x01 \x03(\x0b\x32(.layerserve.tokenizer.v1.GenerateRequest\x12\x0e\n\x06\x61\x62orts\x18\x02 \x03(\t\"E\n\x0eTextTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x13\n\x0btoken_bytes\x18\x02 \x01(\x0c\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"x\n\x0bTextLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x13\n\x0btoken_bytes\x18\x02 \x01(\x0c\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x34\n\x03top\x18\x04 \x03(\x0b\x32\'.layerserve.tokenizer.v1.TextTopLogprob\"\xcd\x03\n\x0eGenerateOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x36\n\x08logprobs\x18\x04 \x03(\x0b\x32$.layerserve.tokenizer.v1.TextLogprob\x12\x39\n\rfinish_reason\x18\x05 \x01(\x0e\x32\".layerserve.common.v1.FinishReason\x12+\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x1c.layerserve.common.v1.Status\x12\x15\n\rprompt_tokens\x18\x07 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\x05\x12\x15\n\rcached_tokens\x18\t \x01(\x05\x12\r\n\x05model\x18\n \x01(\t\x12:\n\ntool_calls\x18\x0b \x03(\x0b\x32&.layerserve.tokenizer.v1.ToolCallDelta\x12=\n\x0fprompt_logprobs\x18\x0c \x03(\x0b\x32$.layerserve.tokenizer.v1.TextLogprob\x12\x13\n\x0bprompt_text\x18\r \x01(\t\"K\n\x0fSessionResponse\x12\x38\n\x07outputs\x18\x01 \x03(\x0b\x32\'.layerserve.tokenizer.v1.GenerateOutput\"r\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x35\n\x04\x63hat\x18\x03 \x01(\x0b\x32%.layerserve.tokenizer.v1.ChatMessagesH\x00\x42\x07\n\x05input\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x13\n\x11ListModelsRequest\".\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\"H\n\x12ListModelsResponse\x12\x32\n\x06models\x18\x01 \x03(\x0b\x32\".layerserve.tokenizer.v1.ModelInfo*m\n\x0fToolCallParsing\x12\x1a\n\x16TOOL_CALL_PARSING_NONE\x10\x00\x12\"\n\x1eTOOL_CALL_PARSING_MODEL_FORMAT\x10\x01\x12\x1a\n\x16TOOL_CALL_PARSING_JSON\x10\x02\x32\xb5\x02\n\tTokenizer\x12`\n\x07Session\x12\'.layerserve.tokenizer.v1.SessionRequest\x1a(.layerserve.tokenizer.v1.SessionResponse(\x01\x30\x01\x12_\n\x08Tokenize\x12(.layerserve.tokenizer.v1.TokenizeRequest\x1a).layerserve.tokenizer.v1.TokenizeResponse\x12\x65\n\nListModels\x12*.layerserve.tokenizer.v1.ListModelsRequest\x1a+.layerserve.tokenizer.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'layerserve/tokenizer/v1/tokenizer.proto\x12\x17layerserve.tokenizer.v1\x1a!layerserve/common/v1/common.proto\"\x87\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x35\n\ntool_calls\x18\x03 \x03(\x0b\x32!.layerserve.tokenizer.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"e\n\x0c\x43hatMessages\x12\x36\n\x08messages\x18\x01 \x03(\x0b\x32$.layerserve.tokenizer.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x9b\x05\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x06prompt\x18\x03 \x01(\tH\x00\x12\x35\n\x04\x63hat\x18\x04 \x01(\x0b\x32%.layerserve.tokenizer.v1.ChatMessagesH\x00\x12=\n\x10prompt_token_ids\x18\x05 \x01(\x0b\x32!.layerserve.tokenizer.v1.TokenIdsH\x00\x12\x36\n\x08sampling\x18\x06 \x01(\x0b\x32$.layerserve.common.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x16\n\x0estop_token_ids\x18\t \x03(\x05\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x1b\n\x13skip_special_tokens\x18\x0b \x01(\x08\x12\x10\n\x08priority\x18\x0c \x01(\x05\x12\x31\n\x05trace\x18\r \x01(\x0b\x32\".layerserve.common.v1.TraceContext\x12\x0e\n\x06tenant\x18\x0e \x01(\t\x12\x19\n\x11max_prompt_tokens\x18\x0f \x01(\x05\x12,\n\x05tools\x18\x10 \x03(\x0b\x32\x1d.layerserve.tokenizer.v1.Tool\x12\x43\n\x11tool_call_parsing\x18\x11 \x01(\x0e\x32(.layerserve.tokenizer.v1.ToolCallParsing\x12\x19\n\x11max_tokens_is_cap\x18\x12 \x01(\x08\x12\x16\n\x0esampling_unset\x18\x13 \x03(\t\x12\x0c\n\x04\x65\x63ho\x18\x14 \x01(\x08\x12\r\n\x05\x65mbed\x18\x15 \x01(\x08\x42\x07\n\x05input\"\\\n\x0eSessionRequest\x12:\n\x08requests\x18\x01 \x03(\x0b\x32(.layerserve.tokenizer.v1.GenerateRequest\x12\x0e\n\x06\x61\x62orts\x18\x02 \x03(\t\"E\n\x0eTextTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x13\n\x0btoken_bytes\x18\x02 \x01(\x0c\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"x\n\x0bTextLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x13\n\x0btoken_bytes\x18\x02 \x01(\x0c\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x34\n\x03top\x18\x04 \x03(\x0b\x32\'.layerserve.tokenizer.v1.TextTopLogprob\"\xe0\x03\n\x0eGenerateOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x36\n\x08logprobs\x18\x04 \x03(\x0b\x32$.layerserve.tokenizer.v1.TextLogprob\x12\x39\n\rfinish_reason\x18\x05 \x01(\x0e\x32\".layerserve.common.v1.FinishReason\x12+\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x1c.layerserve.common.v1.Status\x12\x15\n\rprompt_tokens\x18\x07 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\x05\x12\x15\n\rcached_tokens\x18\t \x01(\x05\x12\r\n\x05model\x18\n \x01(\t\x12:\n\ntool_calls\x18\x0b \x03(\x0b\x32&.layerserve.tokenizer.v1.ToolCallDelta\x12=\n\x0fprompt_logprobs\x18\x0c \x03(\x0b\x32$.layerserve.tokenizer.v1.TextLogprob\x12\x13\n\x0bprompt_text\x18\r \x01(\t\x12\x11\n\tembedding\x18\x0e \x03(\x02\"K\n\x0fSessionResponse\x12\x38\n\x07outputs\x18\x01 \x03(\x0b\x32\'.layerserve.tokenizer.v1.GenerateOutput\"r\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x35\n\x04\x63hat\x18\x03 \x01(\x0b\x32%.layerserve.tokenizer.v1.ChatMessagesH\x00\x42\x07\n\x05input\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x13\n\x11ListModelsRequest\".\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\"H\n\x12ListModelsResponse\x12\x32\n\x06models\x18\x01 \x03(\x0b\x32\".layerserve.tokenizer.v1.ModelInfo*m\n\x0fToolCallParsing\x12\x1a\n\x16TOOL_CALL_PARSING_NONE\x10\x00\x12\"\n\x1eTOOL_CALL_PARSING_MODEL_FORMAT\x10\x01\x12\x1a\n\x16TOOL_CALL_PARSING_JSON\x10\x02\x32\xb5\x02\n\tTokenizer\x12`\n\x07Session\x12\'.layerserve.tokenizer.v1.SessionRequest\x1a(.layerserve.tokenizer.v1.SessionResponse(\x01\x30\x01\x12_\n\x08Tokenize\x12(.layerserve.tokenizer.v1.TokenizeRequest\x1a).layerserve.tokenizer.v1.TokenizeResponse\x12\x65\n\nListModels\x12*.layerserve.tokenizer.v1.ListModelsRequest\x1a+.layerserve.tokenizer.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'layerserve.tokenizer.v1.tokenizer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOOLCALLPARSING']._serialized_start=2347
-  _globals['_TOOLCALLPARSING']._serialized_end=2456
+  _globals['_TOOLCALLPARSING']._serialized_start=2381
+  _globals['_TOOLCALLPARSING']._serialized_end=2490
   _globals['_CHATMESSAGE']._serialized_start=104
   _globals['_CHATMESSAGE']._serialized_end=239
   _globals['_TOOLCALL']._serialized_start=241
@@ -47,27 +47,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=541
   _globals['_TOKENIDS']._serialized_end=564
   _globals['_GENERATEREQUEST']._serialized_start=567
-  _globals['_GENERATEREQUEST']._serialized_end=1219
-  _globals['_SESSIONREQUEST']._serialized_start=1221
-  _globals['_SESSIONREQUEST']._serialized_end=1313
-  _globals['_TEXTTOPLOGPROB']._serialized_start=1315
-  _globals['_TEXTTOPLOGPROB']._serialized_end=1384
-  _globals['_TEXTLOGPROB']._serialized_start=1386
-  _globals['_TEXTLOGPROB']._serialized_end=1506
-  _globals['_GENERATEOUTPUT']._serialized_start=1509
-  _globals['_GENERATEOUTPUT']._serialized_end=1970
-  _globals['_SESSIONRESPONSE']._serialized_start=1972
-  _globals['_SESSIONRESPONSE']._serialized_end=2047
-  _globals['_TOKENIZEREQUEST']._serialized_start=2049
-  _globals['_TOKENIZEREQUEST']._serialized_end=2163
-  _globals['_TOKENIZERESPONSE']._serialized_start=2165
-  _globals['_TOKENIZERESPONSE']._serialized_end=2202
-  _globals['_LISTMODELSREQUEST']._serialized_start=2204
-  _globals['_LISTMODELSREQUEST']._serialized_end=2223
-  _globals['_MODELINFO']._serialized_start=2225
-  _globals['_MODELINFO']._serialized_end=2271
-  _globals['_LISTMODELSRESPONSE']._serialized_start=2273
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2345
-  _globals['_TOKENIZER']._serialized_start=2459
-  _globals['_TOKENIZER']._serialized_end=2768
+  _globals['_GENERATEREQUEST']._serialized_end=1234
+  _globals['_SESSIONREQUEST']._serialized_start=1236
+  _globals['_SESSIONREQUEST']._serialized_end=1328
+  _globals['_TEXTTOPLOGPROB']._serialized_start=1330
+  _globals['_TEXTTOPLOGPROB']._serialized_end=1399
+  _globals['_TEXTLOGPROB']._serialized_start=1401
+  _globals['_TEXTLOGPROB']._serialized_end=1521
+  _globals['_GENERATEOUTPUT']._serialized_start=1524
+  _globals['_GENERATEOUTPUT']._serialized_end=2004
+  _globals['_SESSIONRESPONSE']._serialized_start=2006
+  _globals['_SESSIONRESPONSE']._serialized_end=2081
+  _globals['_TOKENIZEREQUEST']._serialized_start=2083
+  _globals['_TOKENIZEREQUEST']._serialized_end=2197
+  _globals['_TOKENIZERESPONSE']._serialized_start=2199
+  _globals['_TOKENIZERESPONSE']._serialized_end=2236
+  _globals['_LISTMODELSREQUEST']._serialized_start=2238
+  _globals['_LISTMODELSREQUEST']._serialized_end=2257
+  _globals['_MODELINFO']._serialized_start=2259
+  _globals['_MODELINFO']._serialized_end=2305
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2307
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2379
+  _globals['_TOKENIZER']._serialized_start=2493
+  _globals['_TOKENIZER']._serialized_end=2802
 # @@protoc_insertion_point(module_scope)

@@ -78,7 +78,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "chat", "prompt_token_ids", "sampling", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "priority", "trace", "tenant", "max_prompt_tokens", "tools", "tool_call_parsing", "max_tokens_is_cap", "sampling_unset", "echo")
+    __slots__ = ("request_id", "model", "prompt", "chat", "prompt_token_ids", "sampling", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "priority", "trace", "tenant", "max_prompt_tokens", "tools", "tool_call_parsing", "max_tokens_is_cap", "sampling_unset", "echo", "embed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class GenerateRequest(_message.Message):
     MAX_TOKENS_IS_CAP_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_UNSET_FIELD_NUMBER: _ClassVar[int]
     ECHO_FIELD_NUMBER: _ClassVar[int]
+    EMBED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
@@ -119,7 +120,8 @@ class GenerateRequest(_message.Message):
     max_tokens_is_cap: bool
     sampling_unset: _containers.RepeatedScalarFieldContainer[str]
     echo: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., priority: _Optional[int] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., tenant: _Optional[str] = ..., max_prompt_tokens: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_call_parsing: _Optional[_Union[ToolCallParsing, str]] = ..., max_tokens_is_cap: _Optional[bool] = ..., sampling_unset: _Optional[_Iterable[str]] = ..., echo: _Optional[bool] = ...) -> None: ...
+    embed: bool
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., priority: _Optional[int] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., tenant: _Optional[str] = ..., max_prompt_tokens: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_call_parsing: _Optional[_Union[ToolCallParsing, str]] = ..., max_tokens_is_cap: _Optional[bool] = ..., sampling_unset: _Optional[_Iterable[str]] = ..., echo: _Optional[bool] = ..., embed: _Optional[bool] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
     __slots__ = ("requests", "aborts")
@@ -152,7 +154,7 @@ class TextLogprob(_message.Message):
     def __init__(self, token: _Optional[str] = ..., token_bytes: _Optional[bytes] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TextTopLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerateOutput(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "logprobs", "finish_reason", "error", "prompt_tokens", "completion_tokens", "cached_tokens", "model", "tool_calls", "prompt_logprobs", "prompt_text")
+    __slots__ = ("request_id", "text", "token_ids", "logprobs", "finish_reason", "error", "prompt_tokens", "completion_tokens", "cached_tokens", "model", "tool_calls", "prompt_logprobs", "prompt_text", "embedding")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +168,7 @@ class GenerateOutput(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -179,7 +182,8 @@ class GenerateOutput(_message.Message):
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCallDelta]
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TextLogprob]
     prompt_text: str
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., error: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., model: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ..., prompt_text: _Optional[str] = ...) -> None: ...
+    embedding: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., error: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., model: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
     __slots__ = ("outputs",)

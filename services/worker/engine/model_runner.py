@@ -11,6 +11,8 @@ import torch
 
 from services.worker.engine.decode_graphs import DecodeGraphs
 from services.worker.engine.plan import Sampled, StepPlan
+from services.worker.engine.pooling import pool_prompts
+from services.worker.engine.prompt_logprobs import collect_prompt_logprobs
 from services.worker.engine.sampler import SampleOutput, Sampler
 from services.worker.engine.sequences import PlanLimits, SequenceState, validate_plan
 from services.worker.engine.spec_verify import DraftRows, accept, draft_rows, logit_rows
@@ -264,6 +266,8 @@ class ModelRunner:
             last_rows = torch.arange(len(scheduled), device=self._device)
         else:
             hidden, last_rows = self._forward(scheduled)
+        collect_prompt_logprobs(self._model.compute_logits, hidden, last_rows, scheduled)
+        pool_prompts(hidden, last_rows, scheduled)
         for item in scheduled:
             item.state.num_computed += item.num_new
         # Logits only where a token is due: the last row of each sequence that is caught up.
@@ -346,8 +350,11 @@ class ModelRunner:
                     logprob=out.logprobs[i],
                     top_logprobs=out.top_logprobs[i],
                     error=errors.get(i),
+                    prompt_logprobs=state.prompt_logprobs,
+                    embedding=state.embedding,
                 )
             )
+            state.prompt_logprobs, state.embedding = [], None  # sent with this first token
         return results
 
 

@@ -54,3 +54,7 @@ class Sampled:
     # Set when this sequence failed in this step (its output constraint: structured.py); then
     # token_id means nothing and the scheduler ends the request with this error.
     error: LayerserveError | None = None
+    # With a sequence's first token: its prompt tokens' logprobs (token, logprob, top), when it
+    # asked for them, and its prompt's embedding, when it asked for one.
+    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+    embedding: list[float] | None = None

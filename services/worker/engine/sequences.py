@@ -4,7 +4,8 @@ pass before a step touches that state or the KV cache."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingOptions
@@ -19,6 +20,12 @@ class SequenceState:
     num_computed: int  # tokens whose K/V are in the cache
     block_tables: list[list[int]]  # per KV cache group, its block table in sequence order
     sampling: SamplingOptions
+    # Until the first token is sampled (then sent with it): the prompt tokens' logprobs
+    # (prompt_logprobs.py), the running sum of pooled rows [d] and the finished embedding
+    # (pooling.py).
+    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+    pooled_sum: Any = None  # torch.Tensor [d] float32 while a mean-pooled prompt is computed
+    embedding: list[float] | None = None
 
     @property
     def output_token_ids(self) -> list[int]:

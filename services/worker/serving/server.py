@@ -90,6 +90,12 @@ def sampled_to_proto(sampled: Sampled) -> worker_pb2.SampledToken:
         msg.error.code = code_number(sampled.error)
         msg.error.message = sampled.error.message
         return msg
+    for token_id, logprob, top in sampled.prompt_logprobs:
+        scored = msg.prompt_logprobs.add(token_id=token_id, logprob=logprob)
+        for alternative, value in top:
+            scored.top.add(token_id=alternative, logprob=value)
+    if sampled.embedding is not None:
+        msg.embedding.extend(sampled.embedding)
     if sampled.logprob is not None:
         msg.logprob.token_id = sampled.token_id
         msg.logprob.logprob = sampled.logprob
