@@ -18,10 +18,13 @@ from typing import Any
 
 from services.common.errors import InvalidArgument
 from services.gateway.anthropic_events import MessagesRenderer, TokenCountRenderer
+from services.gateway.flat_tools import chat_tools
 from services.gateway.log_text import excerpt
 from services.gateway.openai_fields import JsonObject, get_bool, get_object, get_str
 from services.gateway.openai_protocol import ParsedRequest, parse_chat_request
 from services.gateway.request_limits import RequestLimits
+
+_TOOLS_SERVED = "client tools (name, description, input_schema)"
 
 _SHARED_FIELDS = ("model", "temperature", "top_p", "top_k", "stream", "max_tokens")
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -72,7 +75,9 @@ def _chat_body(body: JsonObject) -> JsonObject:
         chat["stop"] = body["stop_sequences"]
     chat["messages"] = _system(body.get("system")) + _messages(body.get("messages"))
     if body.get("tools") is not None:
-        chat["tools"] = _tools(body["tools"])
+        chat["tools"] = chat_tools(
+            body["tools"], "custom", "input_schema", _TOOLS_SERVED, default_kind="custom"
+        )
     choice = body.get("tool_choice")
     if choice is not None:
         chat["tool_choice"], parallel = _tool_choice(choice)
@@ -181,24 +186,6 @@ def _text_blocks(value: Any, param: str) -> str:
             )
         texts.append(_string(block, "text", f"{param}[{i}]"))
     return "\n".join(texts)
-
-
-def _tools(value: Any) -> list[JsonObject]:
-    if not isinstance(value, list):
-        raise InvalidArgument("tools must be an array", param="tools")
-    tools = []
-    for i, tool in enumerate(value):
-        param = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
-            raise InvalidArgument(
-                f"{param}: only client tools (name, description, input_schema) are supported",
-                param=f"{param}.type",
-            )
-        function = {"name": tool.get("name"), "description": tool.get("description")}
-        if tool.get("input_schema") is not None:
-            function["parameters"] = tool["input_schema"]
-        tools.append({"type": "function", "function": function})
-    return tools
 
 
 def _tool_choice(value: Any) -> tuple[Any, bool]:

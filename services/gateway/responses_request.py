@@ -14,8 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from services.common.errors import InvalidArgument
+from services.gateway.flat_tools import chat_tools
 from services.gateway.log_text import excerpt
 from services.gateway.openai_fields import JsonObject
+
+_TOOLS_SERVED = "function tools (type 'function')"
 
 # Sampling fields that mean the same in both APIs (the last four are vLLM's extensions).
 _SHARED_FIELDS = (
@@ -51,7 +54,7 @@ def chat_body(body: JsonObject, history: list[JsonObject]) -> JsonObject:
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
     if body.get("tools") is not None:
-        chat["tools"] = _tools(body["tools"])
+        chat["tools"] = chat_tools(body["tools"], "function", "parameters", _TOOLS_SERVED)
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     text_format = _text_format(body.get("text"))
@@ -130,24 +133,6 @@ def _parts_text(parts: Any, param: str) -> str:
             )
         texts.append(_string(part, "text", f"{param}[{i}]"))
     return "\n".join(texts)
-
-
-def _tools(value: Any) -> list[JsonObject]:
-    if not isinstance(value, list):
-        raise InvalidArgument("tools must be an array", param="tools")
-    tools = []
-    for i, tool in enumerate(value):
-        param = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise InvalidArgument(
-                f"{param}: only function tools are supported (type 'function')",
-                param=f"{param}.type",
-            )
-        function = {"name": tool.get("name"), "description": tool.get("description")}
-        if tool.get("parameters") is not None:
-            function["parameters"] = tool["parameters"]
-        tools.append({"type": "function", "function": function})
-    return tools
 
 
 def _tool_choice(value: Any) -> Any:

@@ -8,9 +8,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from services.gateway.api_keys import KeyLimits, load_key_ring
 from services.gateway.front_door import FrontDoor
 from services.gateway.http_app import create_app
+from services.gateway.responses_store import ResponseStore
 from tests.unit.gateway.echo_backend import EchoBackend
+from tests.unit.gateway.scripted_backend import ScriptedBackend
 
 API_KEY = "sk-test-key"
+OTHER_KEY = "sk-other-key"
 
 
 def front_door(*keys: str, limits: KeyLimits | None = None, max_inflight: int = 0) -> FrontDoor:
@@ -35,3 +38,16 @@ async def auth_client(backend: EchoBackend) -> AsyncIterator[TestClient]:
     app = create_app(backend, front_door=front_door(API_KEY))
     async with TestClient(TestServer(app)) as test_client:
         yield test_client
+
+
+@pytest.fixture
+def scripted() -> ScriptedBackend:
+    return ScriptedBackend()
+
+
+@pytest.fixture
+async def http(scripted: ScriptedBackend) -> AsyncIterator[TestClient]:
+    """A gateway over the scripted backend, with two keys (API_KEY, OTHER_KEY)."""
+    app = create_app(scripted, front_door=front_door(API_KEY, OTHER_KEY), responses=ResponseStore())
+    async with TestClient(TestServer(app)) as client:
+        yield client

@@ -16,10 +16,11 @@ from pydantic import TypeAdapter
 from services.common.max_tokens import MaxTokens
 from services.gateway.backend import ToolCall
 from services.gateway.http_app import create_app
-from tests.unit.gateway.conftest import API_KEY, front_door
+from tests.unit.gateway.conftest import API_KEY
 from tests.unit.gateway.echo_backend import MODEL as ECHO_MODEL
 from tests.unit.gateway.echo_backend import EchoBackend
-from tests.unit.gateway.test_responses_api import MODEL, ScriptedBackend, Weather
+from tests.unit.gateway.scripted_backend import MODEL
+from tests.unit.gateway.test_responses_api import Weather
 
 WEATHER_TOOL = {
     "name": "get_weather",
@@ -32,18 +33,6 @@ WEATHER_TOOL = {
 }
 CALL = ToolCall(id="toolu_1", name="get_weather", arguments='{"city": "Paris"}')
 USER = [{"role": "user", "content": "Weather in Paris?"}]
-
-
-@pytest.fixture
-def scripted() -> ScriptedBackend:
-    return ScriptedBackend()
-
-
-@pytest.fixture
-async def http(scripted: ScriptedBackend) -> AsyncIterator[TestClient]:
-    app = create_app(scripted, front_door=front_door(API_KEY))
-    async with TestClient(TestServer(app)) as client:
-        yield client
 
 
 def sdk_for(http: TestClient, key: str = API_KEY) -> anthropic.AsyncAnthropic:

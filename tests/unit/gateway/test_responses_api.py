@@ -13,18 +13,15 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from pydantic import BaseModel
 
-from services.common.errors import NotFound
 from services.common.max_tokens import MaxTokens
-from services.gateway.backend import GenerationDelta, GenerationRequest, ModelCard, ToolCall
+from services.gateway.backend import ToolCall
 from services.gateway.http_app import create_app
-from services.gateway.responses_store import ResponseStore
 from tests.openai_schema import validate
-from tests.unit.gateway.conftest import API_KEY, front_door
+from tests.unit.gateway.conftest import API_KEY, OTHER_KEY
 from tests.unit.gateway.echo_backend import MODEL as ECHO_MODEL
 from tests.unit.gateway.echo_backend import EchoBackend
+from tests.unit.gateway.scripted_backend import MODEL
 
-MODEL = "scripted-1"
-OTHER_KEY = "sk-other-key"
 WEATHER_TOOL = {
     "type": "function",
     "name": "get_weather",
@@ -41,50 +38,6 @@ CALL = ToolCall(id="call_1", name="get_weather", arguments='{"city": "Paris"}')
 class Weather(BaseModel):
     city: str
     temperature: float
-
-
-class ScriptedBackend:
-    """Answers each request with the next script (text pieces and tool calls), else "ok";
-    records the requests. Knows one model."""
-
-    def __init__(self) -> None:
-        self.requests: list[GenerationRequest] = []
-        self.scripts: list[list[str | ToolCall]] = []
-        self.finish = "stop"
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
-        self.requests.append(request)
-        if request.model != MODEL:
-            raise NotFound(f"model {request.model!r} does not exist", param="model")
-        script = self.scripts.pop(0) if self.scripts else ["ok"]
-        for i, step in enumerate(script):
-            last = i == len(script) - 1
-            text, calls = (step, []) if isinstance(step, str) else ("", [step])
-            yield GenerationDelta(
-                text=text,
-                token_ids=[i],
-                finish_reason=self.finish if last else None,
-                prompt_tokens=7,
-                completion_tokens=i + 1,
-                cached_tokens=2,
-                model=MODEL,
-                tool_calls=calls,
-            )
-
-    async def list_models(self) -> list[ModelCard]:
-        return [ModelCard(id=MODEL, max_model_len=2048)]
-
-
-@pytest.fixture
-def scripted() -> ScriptedBackend:
-    return ScriptedBackend()
-
-
-@pytest.fixture
-async def http(scripted: ScriptedBackend) -> AsyncIterator[TestClient]:
-    app = create_app(scripted, front_door=front_door(API_KEY, OTHER_KEY), responses=ResponseStore())
-    async with TestClient(TestServer(app)) as client:
-        yield client
 
 
 def sdk_for(http: TestClient, key: str = API_KEY) -> openai.AsyncOpenAI:

@@ -12,7 +12,7 @@ import grpc
 import jsonschema
 import openai
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
@@ -22,17 +22,16 @@ from pydantic import BaseModel
 from layerserve.common.v1 import common_pb2
 from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.errors import InvalidArgument
-from services.gateway.backend import GenerationDelta, GenerationRequest, ModelCard, ToolCall
+from services.gateway.backend import ToolCall
 from services.gateway.grammar_check import check_grammars
 from services.gateway.grpc_api import GatewayServicer, public_server, request_from_proto
-from services.gateway.http_app import create_app
 from services.gateway.request_limits import DEFAULT_LIMITS
 from tests.openai_schema import validate
 from tests.unit.common.test_grammar_limits import defs_chain, lark_chain
 from tests.unit.gateway.conftest import API_KEY, front_door
+from tests.unit.gateway.scripted_backend import MODEL, ScriptedBackend
 from tests.unit.gateway.sse import DONE, read_events
 
-MODEL = "scripted-1"
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 WEATHER_TOOL = {
     "type": "function",
@@ -51,44 +50,6 @@ WEATHER_TOOL = {
 class Weather(BaseModel):
     city: str
     temperature: float
-
-
-class ScriptedBackend:
-    """Answers every request with `script` (text pieces and tool calls), recording requests."""
-
-    def __init__(self) -> None:
-        self.requests: list[GenerationRequest] = []
-        self.script: list[str | ToolCall] = []
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
-        self.requests.append(request)
-        for i, step in enumerate(self.script):
-            last = i == len(self.script) - 1
-            text, calls = (step, []) if isinstance(step, str) else ("", [step])
-            yield GenerationDelta(
-                text=text,
-                token_ids=[i],
-                finish_reason="stop" if last else None,
-                prompt_tokens=5,
-                completion_tokens=i + 1,
-                model=MODEL,
-                tool_calls=calls,
-            )
-
-    async def list_models(self) -> list[ModelCard]:
-        return [ModelCard(id=MODEL, max_model_len=2048)]
-
-
-@pytest.fixture
-def scripted() -> ScriptedBackend:
-    return ScriptedBackend()
-
-
-@pytest.fixture
-async def http(scripted: ScriptedBackend) -> AsyncIterator[TestClient]:
-    app = create_app(scripted, front_door=front_door(API_KEY))
-    async with TestClient(TestServer(app)) as client:
-        yield client
 
 
 @pytest.fixture
