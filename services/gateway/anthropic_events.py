@@ -25,6 +25,14 @@ JsonObject = dict[str, Any]
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 
 
+def _stop_reason(finish_reason: str, stop_sequence: str | None, called: bool) -> str:
+    if called:
+        return "tool_use"
+    if stop_sequence is not None:
+        return "stop_sequence"
+    return _STOP_REASONS.get(finish_reason, "end_turn")
+
+
 class MessagesRenderer:
     def __init__(self, message_id: str, model: str) -> None:
         self._id = message_id
@@ -35,6 +43,7 @@ class MessagesRenderer:
         self._usage = UsageTally(1)
         self._started = False
         self._stop_reason: str | None = None
+        self._stop_sequence: str | None = None  # the stop string that ended the message
 
     # -- the Renderer protocol (http_generation.py) --
 
@@ -63,7 +72,7 @@ class MessagesRenderer:
             "model": self._model,
             "content": [dict(block) for block in self._content],
             "stop_reason": self._stop_reason,
-            "stop_sequence": None,
+            "stop_sequence": self._stop_sequence,
             "usage": self._usage_json(),
         }
 
@@ -82,13 +91,16 @@ class MessagesRenderer:
             events += self._tool_use(call)
         if delta.finish_reason is not None:
             events += self._close_text()
-            reason = "tool_use" if self._called else _STOP_REASONS.get(delta.finish_reason)
-            self._stop_reason = reason or "end_turn"
+            self._stop_sequence = delta.stop_sequence
+            self._stop_reason = _stop_reason(delta.finish_reason, delta.stop_sequence, self._called)
             output_tokens = self._usage_json()["output_tokens"]
             events.append(
                 {
                     "type": "message_delta",
-                    "delta": {"stop_reason": self._stop_reason, "stop_sequence": None},
+                    "delta": {
+                        "stop_reason": self._stop_reason,
+                        "stop_sequence": self._stop_sequence,
+                    },
                     "usage": {"output_tokens": output_tokens},
                 }
             )

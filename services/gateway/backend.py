@@ -119,6 +119,7 @@ class GenerationDelta:
     prompt_text: str | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
     embedding: list[float] | None = None  # an embedding request's vector, on its first delta
+    stop_sequence: str | None = None  # on the last delta: the stop string that ended it
 
 
 @dataclass(slots=True)

@@ -207,4 +207,5 @@ def merge_deltas(deltas: list[GenerationDelta]) -> GenerationDelta:
             (d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None), None
         ),
         embedding=next((d.embedding for d in deltas if d.embedding is not None), None),
+        stop_sequence=deltas[-1].stop_sequence,
     )

@@ -123,6 +123,7 @@ def delta_from_proto(out: tokenizer_pb2.GenerateOutput, want_logprobs: bool) -> 
         prompt_text=out.prompt_text or None,
         prompt_logprobs=_prompt_logprobs(out),
         embedding=list(out.embedding) if out.embedding else None,
+        stop_sequence=out.stop_sequence or None,
     )
 
 

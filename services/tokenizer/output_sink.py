@@ -106,6 +106,7 @@ class OutputSink:
             completion_tokens=self.stream.completion_tokens,
             cached_tokens=output.cached_tokens,
             model=self.model_name,
+            stop_sequence=self.stream.stop.matched if delta.stopped else "",
         )
         for call in parsed.tool_calls:
             out.tool_calls.add(

@@ -154,7 +154,7 @@ class TextLogprob(_message.Message):
     def __init__(self, token: _Optional[str] = ..., token_bytes: _Optional[bytes] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TextTopLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerateOutput(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "logprobs", "finish_reason", "error", "prompt_tokens", "completion_tokens", "cached_tokens", "model", "tool_calls", "prompt_logprobs", "prompt_text", "embedding")
+    __slots__ = ("request_id", "text", "token_ids", "logprobs", "finish_reason", "error", "prompt_tokens", "completion_tokens", "cached_tokens", "model", "tool_calls", "prompt_logprobs", "prompt_text", "embedding", "stop_sequence")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +169,7 @@ class GenerateOutput(_message.Message):
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -183,7 +184,8 @@ class GenerateOutput(_message.Message):
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TextLogprob]
     prompt_text: str
     embedding: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., error: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., model: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
+    stop_sequence: str
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., error: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., model: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TextLogprob, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., embedding: _Optional[_Iterable[float]] = ..., stop_sequence: _Optional[str] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
     __slots__ = ("outputs",)

@@ -17,13 +17,15 @@ Script = list[str | ToolCall]
 
 class ScriptedBackend:
     """Answers each request with the next of `scripts`, else with `script` (default "ok");
-    each step is one delta, the last one finishing with `finish`. Knows one model."""
+    each step is one delta, the last one finishing with `finish` (and `stop_sequence`). Knows
+    one model."""
 
     def __init__(self) -> None:
         self.requests: list[GenerationRequest] = []
         self.scripts: list[Script] = []
         self.script: Script = ["ok"]
         self.finish = "stop"
+        self.stop_sequence: str | None = None  # the stop string said to have ended it
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationDelta]:
         self.requests.append(request)
@@ -42,6 +44,7 @@ class ScriptedBackend:
                 cached_tokens=CACHED_TOKENS,
                 model=MODEL,
                 tool_calls=calls,
+                stop_sequence=self.stop_sequence if last else None,
             )
 
     async def list_models(self) -> list[ModelCard]:

@@ -13,9 +13,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
+from layerserve.common.v1 import common_pb2
+from layerserve.tokenizer.v1 import tokenizer_pb2
 from services.common.max_tokens import MaxTokens
 from services.gateway.backend import ToolCall
 from services.gateway.http_app import create_app
+from services.gateway.tokenizer_client import delta_from_proto
 from tests.unit.gateway.conftest import API_KEY
 from tests.unit.gateway.echo_backend import MODEL as ECHO_MODEL
 from tests.unit.gateway.echo_backend import EchoBackend
@@ -72,6 +75,29 @@ async def test_max_tokens_maps_to_its_stop_reason(scripted, sdk) -> None:
     scripted.finish = "length"
     message = await sdk.messages.create(model=MODEL, max_tokens=1, messages=USER)
     assert message.stop_reason == "max_tokens"
+
+
+async def test_a_stop_sequence_is_reported_as_anthropic_does(scripted, http, sdk) -> None:
+    """The stop string that ended the message, from the tokenizer (GenerateOutput.stop_sequence)
+    through the gateway's backend, in the message and in its stream's message_delta."""
+    out = tokenizer_pb2.GenerateOutput(
+        text="Paris", finish_reason=common_pb2.FINISH_REASON_STOP, stop_sequence="\n\n"
+    )
+    assert delta_from_proto(out, want_logprobs=False).stop_sequence == "\n\n"
+    scripted.stop_sequence = "\n\n"
+    ask = {"model": MODEL, "max_tokens": 20, "messages": USER, "stop_sequences": ["\n\n"]}
+    scripted.scripts = [["Paris"]]
+    message = await sdk.messages.create(**ask)
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "\n\n")
+    scripted.scripts = [["Paris"]]
+    async with sdk.messages.stream(**ask) as stream:
+        events = [event async for event in stream]
+    (end,) = [e for e in events if e.type == "message_delta"]
+    assert (end.delta.stop_reason, end.delta.stop_sequence) == ("stop_sequence", "\n\n")
+    scripted.stop_sequence = None  # ended by EOS: end_turn, as before
+    scripted.scripts = [["Paris"]]
+    message = await sdk.messages.create(**ask)
+    assert (message.stop_reason, message.stop_sequence) == ("end_turn", None)
 
 
 async def test_stream_sends_anthropics_events(scripted, http, sdk) -> None:
