@@ -143,3 +143,16 @@ def test_gateway_requests_carry_the_sampling_and_a_seed() -> None:
     assert sampled["ignore_eos"] and sampled["stream"]
     greedy = request_body("m", item, GREEDY, seed=7)
     assert greedy["temperature"] == 0 and "seed" not in greedy
+
+
+def test_l3_sends_single_stream_one_request_at_a_time() -> None:
+    from benchmarks.l3_service import L3Plan
+    from benchmarks.metrics import Slo
+
+    plan = L3Plan(
+        SMALL, 0, ("single-stream", "mixed"), concurrency=(1, 8), rates=(1.0,),
+        slo=Slo(3.0, 0.3), repeats=2,
+    )  # fmt: skip
+    assert plan.points("single-stream") == [("concurrency 1", 1, None)]
+    assert [c for _, c, _ in plan.points("mixed")] == [1, 8, None]
+    assert plan.runs() == (1 + 3) * 2  # one greedy pass: 1 + 3 points, 2 repeats each
