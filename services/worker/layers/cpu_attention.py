@@ -3,9 +3,10 @@ reads its keys and values in place through the block table, where the torch path
 block of every sequence into a padded tensor, every layer, every step. Decodes and prefill
 chunks of the whole batch go in one call per layer; no mask is built.
 
-Everything else (KV cache writes, norms, RoPE, SiLU-mul) is the torch path's, and so is
-attention on any other device (--kernels torch on CUDA): the torch path stays the reference this
-one is tested against (tests/unit/worker/test_cpu_attention.py)."""
+RoPE runs in the extension too (csrc/rope.cpp: q and k in place, one call instead of 12
+torch ops, the same bits). Everything else (KV cache writes, norms, SiLU-mul) is the torch
+path's, and so is attention on any other device (--kernels torch on CUDA): the torch path
+stays the reference this one is tested against (tests/unit/worker/test_cpu_attention.py)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,20 @@ class CpuAttention(TorchAttention):
         meta.context_lens_device = torch.tensor(context_lens, dtype=torch.int64)
         return meta
 
+    def apply_rope(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """torch_ops.apply_rope's values bit for bit, q and k rotated in place in one call of
+        the extension (csrc/rope.cpp) instead of 12 torch ops; the torch path off the CPU."""
+        if q.device.type != "cpu":
+            return super().apply_rope(q, k, positions, rotary)
+        torch.ops.layerserve.rope_(q, k, *rotary)
+        return q, k
+
     def paged_attention(
         self,
         q: torch.Tensor,
@@ -67,10 +82,9 @@ def native_paged_attention(
 
     q [T, H, D]; caches [num_blocks, block_size, Hkv, D]; query_start [S + 1], context_lens
     [S], block_tables [S, max_blocks] int64 -> [T, H, D] in q's dtype, computed in float32."""
-    dtype = q.dtype
-    q = q.to(k_cache.dtype)
+    dtype = q.dtype  # a no-op .to() still costs a dispatch per layer: skipped when equal
     out = torch.ops.layerserve.paged_attention(
-        q, k_cache, v_cache, query_start, context_lens, block_tables, window or 0,
-        1.0 / math.sqrt(q.shape[-1]),
+        q if dtype == k_cache.dtype else q.to(k_cache.dtype), k_cache, v_cache, query_start,
+        context_lens, block_tables, window or 0, 1.0 / math.sqrt(q.shape[-1]),
     )  # fmt: skip
-    return out.to(dtype)
+    return out if out.dtype == dtype else out.to(dtype)

@@ -1,6 +1,6 @@
-"""The C++ CPU attention extension (csrc/cpu_attention.cpp): built once by `make install`
-(python -m services.worker.layers.cpu_attention_ext) with torch's extension tooling, loaded by
-the worker at start-up as torch.ops.layerserve.paged_attention.
+"""The C++ CPU attention extension (csrc/cpu_attention.cpp and csrc/rope.cpp): built once by
+`make install` (python -m services.worker.layers.cpu_attention_ext) with torch's extension
+tooling, loaded by the worker at start-up as torch.ops.layerserve.paged_attention and rope_.
 
 It is compiled for the machine that builds it (-march=native), so the build directory is keyed
 by the source, the flags, torch's version and this CPU's instruction sets: a changed source or a
@@ -23,6 +23,7 @@ import torch
 
 NAME = "layerserve_cpu_attention"
 SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.cpp"
+SOURCES = (SOURCE, SOURCE.with_name("rope.cpp"))  # one library: paged_attention, rope_
 BUILD_ROOT = Path(__file__).resolve().parents[3] / "build" / "cpu_attention"  # .gitignore'd
 # -fno-math-errno lets std::floor and friends vectorise; no -ffast-math: the kernel's
 # reductions are written to vectorise without reassociation, and it must keep IEEE semantics.
@@ -33,7 +34,8 @@ LDFLAGS = ("-fopenmp",)
 def library_path() -> Path:
     """Where this source, built on this CPU with this torch, lives."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode(),
+    sources = [source.read_bytes() for source in SOURCES]
+    for part in (*sources, " ".join(CFLAGS).encode(), torch.__version__.encode(),
                  platform.machine().encode(), _cpu_flags().encode()):  # fmt: skip
         key.update(part)
     return BUILD_ROOT / key.hexdigest()[:16] / f"{NAME}.so"
@@ -51,7 +53,7 @@ def build(verbose: bool = False) -> Path:
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     cpp_extension.load(
         name=NAME,
-        sources=[str(SOURCE)],
+        sources=[str(s) for s in SOURCES],
         extra_cflags=list(CFLAGS),
         extra_ldflags=list(LDFLAGS),
         build_directory=str(path.parent),
@@ -68,7 +70,7 @@ def build(verbose: bool = False) -> Path:
 def load() -> bool:
     """Registers torch.ops.layerserve.paged_attention if the extension is built; False if not
     (or when the source is not there to key the build by, as in a non-editable install)."""
-    if not SOURCE.is_file():
+    if not all(s.is_file() for s in SOURCES):
         return False
     path = library_path()
     if not path.exists():

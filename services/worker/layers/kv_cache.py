@@ -133,6 +133,13 @@ class PagedKVCache:
         # Zeros, not empty: padded block-table entries read block 0 and are masked out, and
         # masked garbage must not be NaN/Inf (0 * inf in a matmul would poison real rows).
         self._buffer = torch.zeros(shape, dtype=dtype, device=device)
+        # Per layer, its K and V views and their flat [slots, Hkv, D] views, made once: at
+        # batch 1 on the CPU each select/view costs a dispatch per layer per step.
+        flat = (num_blocks * block_size, config.num_kv_heads, config.head_dim)
+        self._views = {
+            i: (self._buffer[s, 0], self._buffer[s, 1]) for i, s in self._slot_of.items()
+        }
+        self._flat = {i: (k.view(flat), v.view(flat)) for i, (k, v) in self._views.items()}
 
     @property
     def num_slots(self) -> int:
@@ -140,8 +147,7 @@ class PagedKVCache:
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
-        slot = self._slot_of[layer]
-        return self._buffer[slot, 0], self._buffer[slot, 1]
+        return self._views[layer]
 
     def group_of(self, layer: int) -> int:
         """The KV cache group whose block tables address this layer's blocks."""
@@ -151,10 +157,9 @@ class PagedKVCache:
         self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
     ) -> None:
         """Stores k, v [T, Hkv, D] at flat slots [T] (block_id * block_size + offset)."""
-        k_cache, v_cache = self.layer(layer)
-        flat_shape = (self.num_slots, self.num_kv_heads, self.head_dim)
-        k_cache.view(flat_shape).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-        v_cache.view(flat_shape).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        k_flat, v_flat = self._flat[layer]
+        k_flat.index_copy_(0, slot_mapping, k if k.dtype == k_flat.dtype else k.to(k_flat.dtype))
+        v_flat.index_copy_(0, slot_mapping, v if v.dtype == v_flat.dtype else v.to(v_flat.dtype))
 
 
 def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:

@@ -190,5 +190,5 @@ def test_the_build_is_keyed_by_its_source(monkeypatch, tmp_path) -> None:
     before = cpu_attention_ext.library_path()
     changed = tmp_path / "cpu_attention.cpp"
     changed.write_text(cpu_attention_ext.SOURCE.read_text() + "\n// changed\n")
-    monkeypatch.setattr(cpu_attention_ext, "SOURCE", changed)
+    monkeypatch.setattr(cpu_attention_ext, "SOURCES", (changed, *cpu_attention_ext.SOURCES[1:]))
     assert cpu_attention_ext.library_path() != before

@@ -1,0 +1,166 @@
+"""Where a batch-1 decode step's time goes: matmuls, attention, and the rest (host work).
+
+    PYTHONPATH=. .venv/bin/python -m benchmarks.step_profile [--steps 64] [--prompt 128]
+        [--batch 1] [--dtype bfloat16] [--quantization int8] [--threads 1]
+
+The bundled SmolLM2-135M GGUF, as the worker would hold it (--dtype, --quantization; the tied
+embedding/head quantized with the rest when --head-int8), on the worker's ModelRunner with its
+default CPU attention backend: one --prompt-token prompt per sequence prefilled (untimed), then
+--steps decode steps timed by this thread's CPU time (one torch thread: every op runs on it, and
+the time other processes held the core is not counted). Then the same number of steps under
+torch.profiler: the self CPU time of the matmul ops (the linears, int8/int4 kernels, the output
+head) and of attention (the paged attention op, or SDPA on the torch path) is taken from it, and
+host work is the unprofiled step time minus those two (the profiler's own per-op overhead is
+thus not charged to host work). Prints the split and the top host ops by self time."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.machine import load_average, machine
+from services.worker.engine.model_runner import ModelRunner
+from services.worker.engine.plan import NewSequence, RunningSequence, StepPlan
+from services.worker.layers.attention_backends import choose_attention_backend
+from services.worker.layers.kv_cache import PagedKVCache
+from services.worker.model.loader import default_path, load_model
+from services.worker.model.quant import quantize_loaded
+
+BLOCK_SIZE = 16
+CPU = torch.device("cpu")
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm",
+              "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int4pack_mm",
+              "aten::matmul", "aten::linear")  # fmt: skip
+ATTENTION_OPS = ("layerserve::paged_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                 "aten::scaled_dot_product_attention")  # fmt: skip
+
+
+def build_runner(args: argparse.Namespace) -> tuple[ModelRunner, list[str]]:
+    loaded = load_model(default_path(), dtype=torch.float32, device=CPU)
+    dtype = getattr(torch, args.dtype)
+    if dtype != torch.float32:
+        for param in loaded.model.parameters():
+            param.data = param.data.to(dtype)
+    if args.quantization != "none":
+        loaded = quantize_loaded(loaded, args.quantization, embeddings=args.head_int8)
+    per_seq = -(-(args.prompt + args.steps * 3 + 4) // BLOCK_SIZE)
+    cache = PagedKVCache(loaded.config, per_seq * args.batch, BLOCK_SIZE, dtype, CPU)
+    backend = choose_attention_backend("auto", CPU, loaded.config.head_dim)
+    runner = ModelRunner(loaded, cache, max_model_len=4096, model_name="p", backend=backend)
+    generator = torch.Generator().manual_seed(0)
+    ids = [f"s{i}" for i in range(args.batch)]
+    new = []
+    for i, rid in enumerate(ids):
+        prompt = torch.randint(loaded.config.vocab_size, (args.prompt,), generator=generator)
+        table = [list(range(i * per_seq, (i + 1) * per_seq))]
+        new.append(NewSequence(rid, prompt.tolist(), args.prompt, 0, args.prompt, table))
+    runner.execute(StepPlan(new=new))
+    return runner, ids
+
+
+def decode(runner: ModelRunner, ids: list[str], steps: int) -> None:
+    for _ in range(steps):
+        runner.execute(StepPlan(running=[RunningSequence(rid, 1, [[]]) for rid in ids]))
+
+
+class _Capture(TorchDispatchMode):
+    """Records the matmul and attention ops one step dispatches, with their arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, list] = {"matmul": [], "attention": []}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kind = _kind(func.name())
+        if kind is not None:
+            self.calls[kind].append((func, args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def _kind(name: str) -> str | None:
+    base = name.split(".")[0]
+    if base in MATMUL_OPS:
+        return "matmul"
+    return "attention" if base in ATTENTION_OPS else None
+
+
+def replay_ms(calls: list, reps: int) -> float:
+    """CPU ms of one step's worth of these calls, each replayed alone (median of reps)."""
+    times = []
+    for _ in range(reps):
+        started = time.thread_time()
+        for func, args, kwargs in calls:
+            func(*args, **kwargs)
+        times.append(time.thread_time() - started)
+    return statistics.median(times) * 1e3
+
+
+@dataclasses.dataclass
+class Split:
+    step_ms: float
+    matmul_ms: float
+    attention_ms: float
+    top_host: list[tuple[str, float, int]]  # (op, profiled self ms per step, calls per step)
+
+    @property
+    def host_ms(self) -> float:
+        return max(self.step_ms - self.matmul_ms - self.attention_ms, 0.0)
+
+
+def measure(runner: ModelRunner, ids: list[str], steps: int) -> Split:
+    """Step CPU time; matmul and attention ops replayed alone; the host ops by profiled time."""
+    decode(runner, ids, 4)  # warm-up
+    started = time.thread_time()
+    decode(runner, ids, steps)
+    step_ms = (time.thread_time() - started) * 1e3 / steps
+    capture = _Capture()
+    with capture:
+        decode(runner, ids, 1)
+    reps = max(steps // 4, 3)
+    matmul = replay_ms(capture.calls["matmul"], reps)
+    attention = replay_ms(capture.calls["attention"], reps)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        decode(runner, ids, min(steps, 16))
+    counted = min(steps, 16)
+    host = [
+        (e.key, e.self_cpu_time_total / 1e3 / counted, e.count // counted)
+        for e in prof.key_averages()
+        if _kind(e.key) is None
+    ]
+    host.sort(key=lambda h: -h[1])
+    return Split(step_ms, matmul, attention, host[:12])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.step_profile")
+    p.add_argument("--steps", type=int, default=64, help="decode steps timed (and profiled)")
+    p.add_argument("--prompt", type=int, default=128, help="prompt tokens per sequence")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--quantization", default="int8", choices=["none", "int8"])
+    p.add_argument("--head-int8", action="store_true", help="the embedding/head in int8 too")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (CPU time needs 1)")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"machine: {machine()}; load average {load_average()}")
+    runner, ids = build_runner(args)
+    with torch.inference_mode():
+        split = measure(runner, ids, args.steps)
+    step = split.step_ms
+    print(f"batch {args.batch}, {args.dtype} + {args.quantization}, prompt {args.prompt}: "
+          f"step {step:.2f} ms (thread CPU time, {args.steps} steps)")  # fmt: skip
+    for name, ms in (("matmuls + head", split.matmul_ms), ("attention", split.attention_ms),
+                     ("host work (the rest)", split.host_ms)):  # fmt: skip
+        print(f"  {name:<22} {ms:7.2f} ms  {ms / step:6.1%}")
+    print("top ops outside matmuls and attention (profiled self time per step, calls per step):")
+    for key, ms, calls in split.top_host:
+        print(f"  {key:<48} {ms:7.3f} ms  x{calls}")
+
+
+if __name__ == "__main__":
+    main()

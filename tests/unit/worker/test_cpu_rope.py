@@ -1,0 +1,43 @@
+"""The extension's RoPE (csrc/rope.cpp, CpuAttention.apply_rope) against torch_ops.apply_rope:
+the same bits in float32, bfloat16 and float16, on q and k as the fused qkv projection lays
+them out (strided views of one matrix), rotated in place. A bit off would move a model's greedy
+outputs; the e2e reference tests hold them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.worker.layers import cpu_attention_ext, torch_ops
+from services.worker.layers.cpu_attention import CpuAttention
+from services.worker.layers.rotary import RopeTables
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension() -> None:
+    """`make install` builds it; a bare checkout builds it here once (cached in build/)."""
+    if not cpu_attention_ext.load():
+        cpu_attention_ext.build()
+        cpu_attention_ext.load.cache_clear()
+        assert cpu_attention_ext.load()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_rope_matches_the_torch_ops_bit_for_bit(dtype: torch.dtype, tokens: int) -> None:
+    heads, kv_heads, dim = 9, 3, 64
+    inv_freq = 1.0 / (1e5 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    tables = RopeTables(inv_freq, 4096, torch.device("cpu"))
+    positions = torch.randint(0, 4096, (tokens,), generator=torch.Generator().manual_seed(tokens))
+    cos, sin = torch_ops.rope_tables(tables.cos, tables.sin, positions, dtype)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim).to(dtype) * 4
+    q, k, _ = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k = q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)
+    want_q, want_k = torch_ops.apply_rope(q, cos, sin), torch_ops.apply_rope(k, cos, sin)
+    untouched_v = qkv[:, (heads + kv_heads) * dim :].clone()
+
+    got_q, got_k = CpuAttention().apply_rope(q, k, positions, (cos, sin))
+
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert got_q.data_ptr() == q.data_ptr()  # in place: no new tensor per layer
+    assert torch.equal(qkv[:, (heads + kv_heads) * dim :], untouched_v)
