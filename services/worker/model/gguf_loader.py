@@ -120,7 +120,7 @@ def eos_ids(reader: Reader, tokens: list[str]) -> tuple[int, ...]:
 def iter_hf_tensors(reader: Reader, config: LlamaConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name without "model.", float32 tensor) for every GGUF tensor, q/k rows un-permuted."""
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
+        name = hf_name(tensor.name)
         array = dequantize_f32(tensor)
         if name.endswith("self_attn.q_proj.weight"):
             array = np.ascontiguousarray(gguf_to_hf_rows(array, config.num_heads))
@@ -129,7 +129,8 @@ def iter_hf_tensors(reader: Reader, config: LlamaConfig) -> Iterator[tuple[str, 
         yield name, torch.from_numpy(array)
 
 
-def _hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str) -> str:
+    """The Hugging Face name (without "model.") of a llama GGUF tensor."""
     base, _, suffix = gguf_name.rpartition(".")  # suffix: "weight" (or "bias")
     parts = base.split(".")
     if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:

@@ -1,5 +1,5 @@
 """Weight-only quantization of a loaded model, chosen once at load: --quantization names a
-QuantizedWeight format (layers/quantized_weight.py; int8 today: layers/int8_weight.py), and every
+QuantizedWeight format (layers/quantized_weight.py: int8_weight.py, int4_weight.py), and every
 linear weight becomes one, which answers F.linear itself, so the model code does not change.
 
 quantize_model() runs after loading and works on any model whose linear layers go through
@@ -11,17 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 
 import torch
 from torch import nn
 
+from services.worker.layers.int4_weight import Int4Weight
 from services.worker.layers.int8_weight import KERNEL_CHOICES, Int8Weight
 from services.worker.layers.quantized_weight import QuantizedWeight
 from services.worker.model.loaded import LoadedModel
+from services.worker.model.quant_choice import resolve_quantization
 
-# --quantization: the format each method makes ("none": the weights stay as loaded).
-QUANTIZED_FORMATS: dict[str, type[QuantizedWeight]] = {"int8": Int8Weight}
-QUANTIZATION_METHODS = ("none", *QUANTIZED_FORMATS)
+logger = logging.getLogger(__name__)
+
+# --quantization: the format each method makes ("none": the weights stay as loaded; "gguf":
+# a GGUF file's 4-bit tensors kept as it stores them, model/gguf_weights.py).
+QUANTIZED_FORMATS: dict[str, type[QuantizedWeight]] = {"int8": Int8Weight, "int4": Int4Weight}
+QUANTIZATION_METHODS = ("none", *QUANTIZED_FORMATS, "gguf")  # "auto": quant_choice.py
 # Kept in the compute dtype, matched against each dotted part of a parameter's name:
 # - embeddings are read by row (F.embedding), not through F.linear;
 # - the output head (SmolLM2's is the tied embedding, 21% of its weights) is where a weight
@@ -47,7 +53,7 @@ def quantize_model(
         )
     if kernel not in KERNEL_CHOICES:
         raise ValueError(f"unknown int8 kernel {kernel!r}; expected one of {KERNEL_CHOICES}")
-    if method == "none":
+    if method in ("none", "gguf"):  # gguf: quantize_loaded, which knows the file
         return 0
     weight_format = QUANTIZED_FORMATS[method]
     tables = [m.weight for m in model.modules() if isinstance(m, nn.Embedding)]
@@ -78,8 +84,20 @@ def quantize_loaded(
 ) -> LoadedModel:
     """quantize_model on a loaded model; quantized weights get their own fingerprint, since
     the fingerprint names the weights (a scheduler refuses to mix them under one model name,
-    and prefix-cache hashes must not match the float model's KV)."""
-    if quantize_model(loaded.model, method, kernel, embeddings) == 0:
+    and prefix-cache hashes must not match the float model's KV). "auto" is resolved here
+    for the loaded file and device (quant_choice.py) and the choice logged."""
+    if method == "auto":
+        device_type = next(loaded.model.parameters()).device.type
+        choice = resolve_quantization(method, loaded.path, device_type)
+        logger.info("weights: quantization %s (%s)", choice.method, choice.reason)
+        method = choice.method
+    if method == "gguf":
+        from services.worker.model.gguf_weights import keep_gguf_quantized  # reads the file
+
+        replaced = keep_gguf_quantized(loaded, kernel)
+    else:
+        replaced = quantize_model(loaded.model, method, kernel, embeddings)
+    if replaced == 0:
         return loaded
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the float weights' memory, so the KV cache can size into it

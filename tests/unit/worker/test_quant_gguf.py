@@ -1,0 +1,53 @@
+"""The packaged SmolLM2 (a Q4_1 GGUF) with its 4-bit weights kept as the file stores them
+(--quantization gguf): the same weights as the float load, in a quarter of the bytes, and the
+same greedy text."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from services.worker.layers.int4_weight import Int4Weight
+from services.worker.model.loader import LoadedModel
+from services.worker.model.quant import quantize_loaded, weight_bytes
+from tests.unit.worker.test_quant import NEW_TOKENS, PROMPTS, _greedy, _prefix
+
+# float32 activations on the file's own values: only the matmuls' summation order differs
+# from the float load, so greedy text departs only at a near-tie.
+MIN_PREFIX_AGREEMENT = 0.9
+
+
+@pytest.fixture(scope="module")
+def smollm_gguf(smollm: LoadedModel) -> LoadedModel:
+    """The session's float32 SmolLM2, copied, its Q4_1 weights kept as the file has them."""
+    return quantize_loaded(dataclasses.replace(smollm, model=copy.deepcopy(smollm.model)), "gguf")
+
+
+def test_q4_1_linears_are_kept_4_bit_and_stand_for_the_files_weights(
+    smollm: LoadedModel, smollm_gguf: LoadedModel
+) -> None:
+    floats = dict(smollm.model.named_parameters())
+    kept = {n: b for n, b in smollm_gguf.model.named_buffers() if isinstance(b, Int4Weight)}
+    assert len(kept) == 4 * smollm.config.num_layers  # qkv, o, gate_up, down in every layer
+    for name, weight in kept.items():  # fused, q/k rows un-permuted, exactly the file's values
+        assert torch.equal(weight.dequantized(), floats[name]), name
+    remaining = dict(smollm_gguf.model.named_parameters())
+    assert remaining["embed_tokens"].dtype == torch.float32  # Q8_0 in the file: loaded as float
+    assert smollm_gguf.fingerprint != smollm.fingerprint
+    linear_float_bytes = sum(floats[n].numel() * 4 for n in kept)
+    saved = weight_bytes(smollm.model) - weight_bytes(smollm_gguf.model)
+    assert saved >= 0.6 * linear_float_bytes  # int4 tiles + nibbles + scales: ~1/3 of float32
+
+
+def test_kept_4_bit_greedy_text_follows_the_float_load(
+    smollm: LoadedModel, smollm_gguf: LoadedModel, tokenizer: Tokenizer
+) -> None:
+    prompts = [tokenizer.encode(text).ids for text in PROMPTS[:3]]  # seconds, not a minute
+    expected = _greedy(smollm, prompts)
+    got = _greedy(smollm_gguf, prompts)
+    prefixes = [_prefix(e, g) for e, g in zip(expected, got, strict=True)]
+    assert sum(prefixes) / (NEW_TOKENS * len(prompts)) >= MIN_PREFIX_AGREEMENT, prefixes
