@@ -139,7 +139,9 @@ class Migrator:
         )
         self._end_trace(request, error.rpc_code)
         self._router.forget(request.request_id)
-        self._emit([Output.failed(request.request_id, error)])
+        output = Output.failed(request.request_id, error)
+        output.migrations = request.num_migrations  # the tokenizer moves it no further
+        self._emit([output])
 
     def _end_trace(self, request: Request, error: str | None) -> None:
         trace = self._traces.pop(request.request_id) if self._traces is not None else None

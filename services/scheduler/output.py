@@ -21,6 +21,7 @@ class Output:
     error: LayerserveError | None = None  # set when it ended in an error (finish_reason ERROR)
     prompt_logprobs: list[object] = field(default_factory=list)  # with the first token only
     embedding: list[float] | None = None  # with the first token only
+    migrations: int = 0  # the request's moves so far, by any tier (RequestOutput.migrations)
 
     @classmethod
     def sampled(cls, request: Request, *samples: Sample) -> Output:
@@ -33,6 +34,7 @@ class Output:
             request.num_prompt_tokens,
             request.num_cached_tokens,
             request.finish_reason,
+            migrations=request.num_migrations,
         )
         first = samples[0] if samples else None
         if first is not None and not request.prompt_outputs_sent:

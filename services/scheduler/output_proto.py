@@ -22,6 +22,7 @@ def output_to_proto(output: Output) -> scheduler_pb2.RequestOutput:
         token_ids=output.token_ids,
         prompt_tokens=output.prompt_tokens,
         cached_tokens=output.cached_tokens,
+        migrations=output.migrations,
     )
     msg.logprobs.extend(output.logprobs)
     msg.prompt_logprobs.extend(output.prompt_logprobs)

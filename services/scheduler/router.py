@@ -139,6 +139,7 @@ class Router:
             resumed_output_tokens=submission.resumed_output_tokens,
         )
         request.block_hashes = hashes  # computed once for routing; the scheduler reuses them
+        request.num_migrations = submission.migrations  # one count for both tiers' moves
         if self.picker.wants_hashes:
             request.predicted_cached_tokens = choice.cached_tokens
         engine.submit(request)  # first: a full queue raises, and then the engine owns nothing

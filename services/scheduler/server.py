@@ -159,6 +159,7 @@ def submission_from_proto(msg: scheduler_pb2.Submit) -> Submission:
         tenant=msg.tenant,
         trace_context=dict(msg.trace.carrier),
         resumed_output_tokens=msg.resumed_output_tokens,
+        migrations=msg.migrations,
     )
 
 

@@ -24,3 +24,4 @@ class Submission:
     # The last this-many prompt_token_ids are output already produced (a request migrated
     # from a lost scheduler replica): they become the Request's first output tokens.
     resumed_output_tokens: int = 0
+    migrations: int = 0  # moves made already, by any tier (Submit.migrations)

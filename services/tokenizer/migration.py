@@ -8,7 +8,8 @@ another replica with its prompt followed by the tokens already produced, `max_to
 those, and `resumed_output_tokens` saying how many of the prompt's last tokens are output, so
 the worker's sampler counts its position (seeded sampling resumes from (seed, position)),
 penalties and structured outputs see them as output. Greedy and seeded requests then end with
-exactly the tokens of an uninterrupted run. At most `max_migrations` moves per request; then,
+exactly the tokens of an uninterrupted run. At most `max_migrations` moves per request, the
+schedulers' moves between workers included (RequestOutput.migrations); then,
 or when no other replica serves the model (within WAIT_FOR_REPLICA_S, while the lost one's
 workers move), the request ends with UNAVAILABLE naming why.
 """
@@ -80,6 +81,10 @@ class MigratingSink:
         if output is None:
             self.sink(None)
             return
+        if not isinstance(output, LayerserveError):
+            # The scheduler's count includes its own moves between workers: each move counts
+            # once against max_migrations, whichever tier made it.
+            self.moves = max(self.moves, output.migrations)
         reason = _lost_reason(output)
         if reason is not None:
             self._move(reason, output)
@@ -151,6 +156,7 @@ class MigratingSink:
         msg.CopyFrom(self.submit)
         msg.prompt_token_ids.extend(self.produced)
         msg.resumed_output_tokens = len(self.produced)
+        msg.migrations = self.moves
         if msg.max_tokens:
             msg.max_tokens = max(1, msg.max_tokens - len(self.produced))
         return msg

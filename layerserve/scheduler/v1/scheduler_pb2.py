@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from layerserve.common.v1 import common_pb2 as layerserve_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'layerserve/scheduler/v1/scheduler.proto\x12\x17layerserve.scheduler.v1\x1a!layerserve/common/v1/common.proto\"\xcc\x02\n\x06Submit\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x36\n\x08sampling\x18\x04 \x01(\x0b\x32$.layerserve.common.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x31\n\x05trace\x18\t \x01(\x0b\x32\".layerserve.common.v1.TraceContext\x12\x0e\n\x06tenant\x18\n \x01(\t\x12\x19\n\x11max_tokens_is_cap\x18\x0b \x01(\x08\x12\x1d\n\x15resumed_output_tokens\x18\x0c \x01(\x05\"R\n\x0eSessionRequest\x12\x30\n\x07submits\x18\x01 \x03(\x0b\x32\x1f.layerserve.scheduler.v1.Submit\x12\x0e\n\x06\x61\x62orts\x18\x02 \x03(\t\"\xe1\x02\n\rRequestOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x34\n\x08logprobs\x18\x03 \x03(\x0b\x32\".layerserve.common.v1.TokenLogprob\x12\x39\n\rfinish_reason\x18\x04 \x01(\x0e\x32\".layerserve.common.v1.FinishReason\x12+\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x1c.layerserve.common.v1.Status\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x05\x12\x15\n\rcached_tokens\x18\x07 \x01(\x05\x12\r\n\x05model\x18\x08 \x01(\t\x12;\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\".layerserve.common.v1.TokenLogprob\x12\x11\n\tembedding\x18\n \x03(\x02\"J\n\x0fSessionResponse\x12\x37\n\x07outputs\x18\x01 \x03(\x0b\x32&.layerserve.scheduler.v1.RequestOutput\" \n\x0fGetStatsRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xa6\x02\n\x0bWorkerStats\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nnum_blocks\x18\x03 \x01(\x05\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\x05\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\r\n\x05steps\x18\x07 \x01(\x04\x12\x13\n\x0bpreemptions\x18\x08 \x01(\x04\x12\x1b\n\x13prefix_query_tokens\x18\t \x01(\x04\x12\x19\n\x11prefix_hit_tokens\x18\n \x01(\x04\x12\x10\n\x08rejected\x18\x0b \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x0c \x01(\x04\x12\x12\n\nblock_size\x18\r \x01(\x05\x12\x19\n\x11model_fingerprint\x18\x0e \x01(\t\"G\n\x0eSchedulerStats\x12\x35\n\x07workers\x18\x01 \x03(\x0b\x32$.layerserve.scheduler.v1.WorkerStats\"\x13\n\x11ListModelsRequest\"N\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x10\n\x08replicas\x18\x04 \x01(\x05\"/\n\x0eWeightedTarget\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\r\"I\n\rWeightedRoute\x12\x38\n\x07targets\x18\x01 \x03(\x0b\x32\'.layerserve.scheduler.v1.WeightedTarget\"6\n\nLengthTier\x12\x19\n\x11max_prompt_tokens\x18\x01 \x01(\r\x12\r\n\x05model\x18\x02 \x01(\t\"A\n\x0bLengthRoute\x12\x32\n\x05tiers\x18\x01 \x03(\x0b\x32#.layerserve.scheduler.v1.LengthTier\"\x9c\x01\n\x05\x41lias\x12\x0c\n\x04name\x18\x01 \x01(\t\x12:\n\x08weighted\x18\x02 \x01(\x0b\x32&.layerserve.scheduler.v1.WeightedRouteH\x00\x12@\n\x10\x62y_prompt_length\x18\x03 \x01(\x0b\x32$.layerserve.scheduler.v1.LengthRouteH\x00\x42\x07\n\x05route\"y\n\x12ListModelsResponse\x12\x32\n\x06models\x18\x01 \x03(\x0b\x32\".layerserve.scheduler.v1.ModelInfo\x12/\n\x07\x61liases\x18\x02 \x03(\x0b\x32\x1e.layerserve.scheduler.v1.Alias2\xb3\x02\n\tScheduler\x12`\n\x07Session\x12\'.layerserve.scheduler.v1.SessionRequest\x1a(.layerserve.scheduler.v1.SessionResponse(\x01\x30\x01\x12]\n\x08GetStats\x12(.layerserve.scheduler.v1.GetStatsRequest\x1a\'.layerserve.scheduler.v1.SchedulerStats\x12\x65\n\nListModels\x12*.layerserve.scheduler.v1.ListModelsRequest\x1a+.layerserve.scheduler.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'layerserve/scheduler/v1/scheduler.proto\x12\x17layerserve.scheduler.v1\x1a!layerserve/common/v1/common.proto\"\xe0\x02\n\x06Submit\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x36\n\x08sampling\x18\x04 \x01(\x0b\x32$.layerserve.common.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x31\n\x05trace\x18\t \x01(\x0b\x32\".layerserve.common.v1.TraceContext\x12\x0e\n\x06tenant\x18\n \x01(\t\x12\x19\n\x11max_tokens_is_cap\x18\x0b \x01(\x08\x12\x1d\n\x15resumed_output_tokens\x18\x0c \x01(\x05\x12\x12\n\nmigrations\x18\r \x01(\x05\"R\n\x0eSessionRequest\x12\x30\n\x07submits\x18\x01 \x03(\x0b\x32\x1f.layerserve.scheduler.v1.Submit\x12\x0e\n\x06\x61\x62orts\x18\x02 \x03(\t\"\xf5\x02\n\rRequestOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x34\n\x08logprobs\x18\x03 \x03(\x0b\x32\".layerserve.common.v1.TokenLogprob\x12\x39\n\rfinish_reason\x18\x04 \x01(\x0e\x32\".layerserve.common.v1.FinishReason\x12+\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x1c.layerserve.common.v1.Status\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x05\x12\x15\n\rcached_tokens\x18\x07 \x01(\x05\x12\r\n\x05model\x18\x08 \x01(\t\x12;\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\".layerserve.common.v1.TokenLogprob\x12\x11\n\tembedding\x18\n \x03(\x02\x12\x12\n\nmigrations\x18\x0b \x01(\x05\"J\n\x0fSessionResponse\x12\x37\n\x07outputs\x18\x01 \x03(\x0b\x32&.layerserve.scheduler.v1.RequestOutput\" \n\x0fGetStatsRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xa6\x02\n\x0bWorkerStats\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nnum_blocks\x18\x03 \x01(\x05\x12\x13\n\x0b\x66ree_blocks\x18\x04 \x01(\x05\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\r\n\x05steps\x18\x07 \x01(\x04\x12\x13\n\x0bpreemptions\x18\x08 \x01(\x04\x12\x1b\n\x13prefix_query_tokens\x18\t \x01(\x04\x12\x19\n\x11prefix_hit_tokens\x18\n \x01(\x04\x12\x10\n\x08rejected\x18\x0b \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x0c \x01(\x04\x12\x12\n\nblock_size\x18\r \x01(\x05\x12\x19\n\x11model_fingerprint\x18\x0e \x01(\t\"G\n\x0eSchedulerStats\x12\x35\n\x07workers\x18\x01 \x03(\x0b\x32$.layerserve.scheduler.v1.WorkerStats\"\x13\n\x11ListModelsRequest\"N\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x10\n\x08replicas\x18\x04 \x01(\x05\"/\n\x0eWeightedTarget\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\r\"I\n\rWeightedRoute\x12\x38\n\x07targets\x18\x01 \x03(\x0b\x32\'.layerserve.scheduler.v1.WeightedTarget\"6\n\nLengthTier\x12\x19\n\x11max_prompt_tokens\x18\x01 \x01(\r\x12\r\n\x05model\x18\x02 \x01(\t\"A\n\x0bLengthRoute\x12\x32\n\x05tiers\x18\x01 \x03(\x0b\x32#.layerserve.scheduler.v1.LengthTier\"\x9c\x01\n\x05\x41lias\x12\x0c\n\x04name\x18\x01 \x01(\t\x12:\n\x08weighted\x18\x02 \x01(\x0b\x32&.layerserve.scheduler.v1.WeightedRouteH\x00\x12@\n\x10\x62y_prompt_length\x18\x03 \x01(\x0b\x32$.layerserve.scheduler.v1.LengthRouteH\x00\x42\x07\n\x05route\"y\n\x12ListModelsResponse\x12\x32\n\x06models\x18\x01 \x03(\x0b\x32\".layerserve.scheduler.v1.ModelInfo\x12/\n\x07\x61liases\x18\x02 \x03(\x0b\x32\x1e.layerserve.scheduler.v1.Alias2\xb3\x02\n\tScheduler\x12`\n\x07Session\x12\'.layerserve.scheduler.v1.SessionRequest\x1a(.layerserve.scheduler.v1.SessionResponse(\x01\x30\x01\x12]\n\x08GetStats\x12(.layerserve.scheduler.v1.GetStatsRequest\x1a\'.layerserve.scheduler.v1.SchedulerStats\x12\x65\n\nListModels\x12*.layerserve.scheduler.v1.ListModelsRequest\x1a+.layerserve.scheduler.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,35 +33,35 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'layerserve.scheduler.v1.sch
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SUBMIT']._serialized_start=104
-  _globals['_SUBMIT']._serialized_end=436
-  _globals['_SESSIONREQUEST']._serialized_start=438
-  _globals['_SESSIONREQUEST']._serialized_end=520
-  _globals['_REQUESTOUTPUT']._serialized_start=523
-  _globals['_REQUESTOUTPUT']._serialized_end=876
-  _globals['_SESSIONRESPONSE']._serialized_start=878
-  _globals['_SESSIONRESPONSE']._serialized_end=952
-  _globals['_GETSTATSREQUEST']._serialized_start=954
-  _globals['_GETSTATSREQUEST']._serialized_end=986
-  _globals['_WORKERSTATS']._serialized_start=989
-  _globals['_WORKERSTATS']._serialized_end=1283
-  _globals['_SCHEDULERSTATS']._serialized_start=1285
-  _globals['_SCHEDULERSTATS']._serialized_end=1356
-  _globals['_LISTMODELSREQUEST']._serialized_start=1358
-  _globals['_LISTMODELSREQUEST']._serialized_end=1377
-  _globals['_MODELINFO']._serialized_start=1379
-  _globals['_MODELINFO']._serialized_end=1457
-  _globals['_WEIGHTEDTARGET']._serialized_start=1459
-  _globals['_WEIGHTEDTARGET']._serialized_end=1506
-  _globals['_WEIGHTEDROUTE']._serialized_start=1508
-  _globals['_WEIGHTEDROUTE']._serialized_end=1581
-  _globals['_LENGTHTIER']._serialized_start=1583
-  _globals['_LENGTHTIER']._serialized_end=1637
-  _globals['_LENGTHROUTE']._serialized_start=1639
-  _globals['_LENGTHROUTE']._serialized_end=1704
-  _globals['_ALIAS']._serialized_start=1707
-  _globals['_ALIAS']._serialized_end=1863
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1865
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1986
-  _globals['_SCHEDULER']._serialized_start=1989
-  _globals['_SCHEDULER']._serialized_end=2296
+  _globals['_SUBMIT']._serialized_end=456
+  _globals['_SESSIONREQUEST']._serialized_start=458
+  _globals['_SESSIONREQUEST']._serialized_end=540
+  _globals['_REQUESTOUTPUT']._serialized_start=543
+  _globals['_REQUESTOUTPUT']._serialized_end=916
+  _globals['_SESSIONRESPONSE']._serialized_start=918
+  _globals['_SESSIONRESPONSE']._serialized_end=992
+  _globals['_GETSTATSREQUEST']._serialized_start=994
+  _globals['_GETSTATSREQUEST']._serialized_end=1026
+  _globals['_WORKERSTATS']._serialized_start=1029
+  _globals['_WORKERSTATS']._serialized_end=1323
+  _globals['_SCHEDULERSTATS']._serialized_start=1325
+  _globals['_SCHEDULERSTATS']._serialized_end=1396
+  _globals['_LISTMODELSREQUEST']._serialized_start=1398
+  _globals['_LISTMODELSREQUEST']._serialized_end=1417
+  _globals['_MODELINFO']._serialized_start=1419
+  _globals['_MODELINFO']._serialized_end=1497
+  _globals['_WEIGHTEDTARGET']._serialized_start=1499
+  _globals['_WEIGHTEDTARGET']._serialized_end=1546
+  _globals['_WEIGHTEDROUTE']._serialized_start=1548
+  _globals['_WEIGHTEDROUTE']._serialized_end=1621
+  _globals['_LENGTHTIER']._serialized_start=1623
+  _globals['_LENGTHTIER']._serialized_end=1677
+  _globals['_LENGTHROUTE']._serialized_start=1679
+  _globals['_LENGTHROUTE']._serialized_end=1744
+  _globals['_ALIAS']._serialized_start=1747
+  _globals['_ALIAS']._serialized_end=1903
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1905
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2026
+  _globals['_SCHEDULER']._serialized_start=2029
+  _globals['_SCHEDULER']._serialized_end=2336
 # @@protoc_insertion_point(module_scope)

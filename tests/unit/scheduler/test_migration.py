@@ -12,6 +12,7 @@ from services.scheduler.output import Output
 from services.scheduler.request import FinishReason
 from services.scheduler.router import Router
 from services.scheduler.routing import RoutingMode
+from services.scheduler.step import Sample
 from services.scheduler.submission import Submission
 from tests.unit.scheduler.drive import run_step
 from tests.unit.scheduler.replicas import MODEL, routed_cluster, wait_until
@@ -90,6 +91,30 @@ def test_after_max_migrations_the_request_ends_unavailable_naming_the_limit():
     assert failed.error.rpc_code == "UNAVAILABLE"
     assert "--max-migrations" in failed.error.message
     assert router.owner("r") is None
+
+
+def test_moves_made_by_the_tokenizer_count_against_the_same_limit():
+    router, _ = routed_cluster(["a:1", "b:2"], RoutingMode.ROUND_ROBIN)
+    submission = Submission("r", MODEL, PROMPT, max_tokens=MaxTokens(8), migrations=3)
+    router.submit(submission)  # moved here from a lost scheduler: its third move
+    first = router.owner("r")
+    assert first is not None and first.scheduler is not None
+    outputs: list[Output] = []
+    Migrator(router, outputs.extend, max_migrations=3).lost(first, lose(first), "gone")
+    [failed] = outputs
+    assert failed.error is not None and "moved 3 times already" in failed.error.message
+    assert failed.migrations == 4  # the tokenizer, told, moves it no further either
+
+
+def test_outputs_after_a_move_carry_the_count():
+    router, first, other = started_on_one()
+    outputs: list[Output] = []
+    Migrator(router, outputs.extend).lost(first, lose(first), "gone")
+    assert other.scheduler is not None
+    step = other.scheduler.schedule()
+    [update] = other.scheduler.update([Sample("r", 24)])
+    assert Output.sampled(update.request, *update.samples).migrations == 1
+    assert step.new
 
 
 def test_with_no_replica_left_it_waits_then_ends_unavailable():

@@ -130,6 +130,22 @@ async def test_the_migration_limit_ends_it_with_unavailable() -> None:
     assert "could not serve it (no worker)" in sink.got[-1].message  # the scheduler's reason
 
 
+async def test_a_schedulers_moves_between_workers_count_against_the_same_limit() -> None:
+    pool = Pool("a:1", "b:1", "c:1")
+    migrating, sink, events = started(pool, max_migrations=3)
+    # Scheduler a moved it to another worker twice (its worker was lost): the outputs say so.
+    migrating(scheduler_pb2.RequestOutput(request_id="r", token_ids=[7], migrations=2))
+    migrating(Unavailable("lost"))
+    await settle()
+    _, resumed = pool.sent[-1]
+    assert resumed.migrations == 3  # a's two and this one: b may move it no further
+    migrating(Unavailable("lost again"))
+    await settle()
+    assert len(events.moves) == 1
+    assert isinstance(sink.got[-1], Unavailable)
+    assert "moved 3 times already (the limit" in sink.got[-1].message
+
+
 async def test_an_abort_while_moving_submits_nothing() -> None:
     pool = Pool("a:1", "b:1")
     migrating, _, events = started(pool)
