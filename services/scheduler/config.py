@@ -192,16 +192,16 @@ class SchedulerConfig:
         help="accept workers that register themselves (python -m services.worker "
         "--register-with); no --worker needed (env LAYERSERVE_WORKER_REGISTRATION=1)",
     )
-    # Request migration when a worker is lost (migration.py). One setting name across services:
-    # the tokenizer's --max-migrations bounds the moves between scheduler replicas.
+    # Request migration when a worker is lost (migration.py). One setting name and one count
+    # across services: the tokenizer's --max-migrations bounds the same total.
     max_migrations: int = setting(
         "--max-migrations",
         env="MAX_MIGRATIONS",
         default=DEFAULT_MAX_MIGRATIONS,
         check=at_least(0),
-        help="times a request may move to another worker of its model when its own is lost "
-        "mid-stream (killed, connection reset, silent past the keepalive timeout); 0 = never: "
-        "it ends with UNAVAILABLE",
+        help="moves a request may make in all: to another worker of its model when its own is "
+        "lost mid-stream (killed, connection reset, silent past the keepalive timeout), the "
+        "tokenizer's moves between schedulers counted too; 0 = never: it ends with UNAVAILABLE",
     )
     migration_wait_s: float = setting(
         "--migration-wait-s",
