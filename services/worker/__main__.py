@@ -120,7 +120,8 @@ async def main() -> None:
         "loaded %s on %s (%s, %s kernels) in %.1fs: %d KV blocks of %d tokens, max length %d",
         config.model_name + (" (null worker)" if config.null else ""),
         runner.device,
-        runner.dtype + ("" if config.quantization == "none" else " with int8 weights"),
+        runner.dtype
+        + ("" if config.quantization == "none" else f" ({config.quantization} weights)"),
         runner.kernels,
         time.perf_counter() - started,
         runner.num_blocks,

@@ -15,8 +15,7 @@ from services.common.settings import (
 )
 from services.worker.dtype_choice import DTYPE_CHOICES
 from services.worker.kernel_choice import KERNEL_CHOICES
-
-QUANTIZATION_CHOICES = ("none", "int8")  # --quantization; model/quant.py does it
+from services.worker.model.quant_choice import QUANTIZATION_CHOICES  # model/quant.py does it
 
 # An engine step that has not returned after this long counts as hung: the worker reports
 # NOT_SERVING until a step returns. Generous: a long prefill on a CPU takes seconds.
@@ -146,13 +145,15 @@ class WorkerConfig:
         help="split the model across this many ranks (cuda:0..N-1, or CPU processes); "
         "attention and KV heads must divide by it",
     )
-    quantization: str = setting(  # weights: none (the compute dtype) or int8 (weight-only)
+    quantization: str = setting(  # weights: auto, none (the compute dtype), int8, int4, gguf
         "--quantization",
         env="WORKER_QUANTIZATION",
-        default="none",
+        default="auto",
         choices=QUANTIZATION_CHOICES,
-        help="int8: weight-only int8 linear layers (one scale per output channel; "
-        "activations, embeddings, norms and the output head stay in --dtype)",
+        help="auto: a GGUF's 4-bit weights kept as stored on the CPU, else none; "
+        "int8: weight-only int8 linears (one scale per output channel); int4: group-wise "
+        "4-bit linears (32 columns a group); gguf: the file's Q4_0/Q4_1 tensors kept 4-bit "
+        "(activations, embeddings, norms and the output head stay in --dtype)",
     )
     drain_timeout_s: float = drain_timeout_setting()  # on SIGTERM, for requests it holds
     metrics_port: int = metrics_port_setting()
@@ -170,7 +171,8 @@ class WorkerConfig:
         return None if self.kv_cache_gb is None else int(self.kv_cache_gb * 2**30)
 
     def _check_quantization(self) -> None:
-        if self.quantization != "none" and (self.null or self.tensor_parallel_size > 1):
+        explicit = self.quantization not in ("none", "auto")  # auto: none where it cannot
+        if explicit and (self.null or self.tensor_parallel_size > 1):
             raise ValueError(
                 "--quantization applies to a whole model in one process: not with --null "
                 "or --tensor-parallel-size > 1"

@@ -112,3 +112,16 @@ def test_rows_stack_and_reorder() -> None:
     assert torch.equal(swapped.dequantized()[0], b.dequantized()[2])
     with pytest.raises(ValueError, match="4-bit and 8-bit"):
         GroupQuant.cat([a, decode_blocks(_random_blocks(Q8_0, 1, 1, seed=3), Q8_0)])
+
+
+def test_auto_keeps_a_4_bit_gguf_on_the_cpu_only(tmp_path) -> None:
+    from services.worker.model.loader import default_path
+    from services.worker.model.quant_choice import resolve_quantization
+
+    packaged = default_path()  # SmolLM2 Q4_1
+    assert resolve_quantization("auto", packaged, "cpu").method == "gguf"
+    assert resolve_quantization("auto", packaged, "cuda").method == "none"
+    assert resolve_quantization("auto", tmp_path, "cpu").method == "none"  # a float checkpoint
+    assert resolve_quantization("int8", packaged, "cpu").reason == "--quantization"
+    with pytest.raises(ValueError, match="--quantization must be one of auto, none"):
+        resolve_quantization("fp4", packaged, "cpu")

@@ -139,16 +139,17 @@ def test_tied_embedding_quantized_once_serves_both_lookups_and_logits() -> None:
 
 
 def test_unknown_methods_and_kernels_are_refused() -> None:
-    with pytest.raises(ValueError, match="unknown quantization method 'int4'"):
-        quantize_model(nn.Linear(4, 4), "int4")
+    with pytest.raises(ValueError, match="unknown quantization method 'int3'"):
+        quantize_model(nn.Linear(4, 4), "int3")
     with pytest.raises(ValueError, match="unknown int8 kernel"):
         quantize_model(nn.Linear(4, 4), "int8", kernel="fast")
     assert quantize_model(nn.Linear(4, 4), "none") == 0
-    assert QUANTIZATION_CHOICES == QUANTIZATION_METHODS  # the flag offers what quant.py does
+    assert set(QUANTIZATION_CHOICES) == {"auto", *QUANTIZATION_METHODS}  # what quant.py does
 
 
 def test_worker_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert WorkerConfig.from_args([]).quantization == "none"
+    assert WorkerConfig.from_args([]).quantization == "auto"  # quant_choice.py resolves it
+    assert WorkerConfig.from_args(["--null"]).quantization == "auto"  # none, as nothing loads
     assert WorkerConfig.from_args(["--quantization", "int8"]).quantization == "int8"
     monkeypatch.setenv("LAYERSERVE_WORKER_QUANTIZATION", "int8")
     assert WorkerConfig.from_args([]).quantization == "int8"
