@@ -5,6 +5,7 @@
 
 One float32 load of the bundled SmolLM2-135M-Instruct, then copies in each dtype the worker
 can pick (--dtype auto's bfloat16 on a CPU with AVX512-BF16 or AMX; float16; bfloat16 with int8
+weights; the file's Q4_1 weights kept 4-bit, on bfloat16 and float32; int4 from the float
 weights). Per dtype:
 - perplexity of benchmarks/data/public_domain.txt (fixed text, teacher-forced through the
   model's own forward and paged KV cache) and the share of its positions whose top-1 next
@@ -30,15 +31,24 @@ from services.tokenizer.loader import load_tokenizer
 from services.worker.model.loader import LoadedModel, default_path, load_model
 from services.worker.model.quant import weight_bytes
 
-DTYPES = ("float32", "bfloat16", "float16", "bfloat16 + int8 weights")
+DTYPES = (
+    "float32",
+    "bfloat16",
+    "float16",
+    "bfloat16 + int8 weights",
+    "bfloat16 + Q4_1 kept 4-bit",  # --quantization gguf: the CPU default
+    "float32 + Q4_1 kept 4-bit",
+    "bfloat16 + int4 weights",  # group-wise 4-bit from the float weights
+)
+_METHODS = {"int8": "int8", "Q4_1": "gguf", "int4": "int4"}
 
 
 def variant(base: LoadedModel, name: str) -> LoadedModel:
     if name == "float32":
         return base
-    dtype = torch.float16 if name == "float16" else torch.bfloat16
-    method = "int8" if "int8" in name else "none"
-    return q._copy(q._copy(base, dtype, "none"), None, method)
+    dtype = {"float16": torch.float16, "float32": torch.float32}.get(name.split()[0])
+    method = next((m for key, m in _METHODS.items() if key in name), "none")
+    return q._copy(q._copy(base, dtype or torch.bfloat16, "none"), None, method)
 
 
 def read_bandwidth(mib: int = 512, reps: int = 5) -> float:

@@ -1,11 +1,13 @@
-"""Weight-only int8 against the float model it came from, side by side in one run.
+"""Weight-only int8 and 4-bit against the float model they came from, side by side in one run.
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.quantization [--threads 1] [--reps 3]
         [--batches 1 8 64] [--cpu-time] [--kernel-sweep]
 
 One load of the bundled SmolLM2-135M-Instruct GGUF (float32), then copies: int8 on float32
-(the worker's --quantization int8; also with the tied embedding/head in int8), bfloat16, int8
-on bfloat16; the two worker variants timed with both int8_linear kernels. Per variant:
+(the worker's --quantization int8; also with the tied embedding/head in int8), the file's Q4_1
+weights kept 4-bit (--quantization gguf, the CPU default), bfloat16, int8, Q4_1 kept 4-bit and
+int4 from the float weights (--quantization int4) on bfloat16; the two int8 variants timed
+with both int8_linear kernels. Per variant:
 - weight bytes (parameters and persistent buffers; int8 values + scales);
 - decode tok/s at batch 1 and 32: the worker's ModelRunner, a static batch of 64-token
   prompts prefilled in one step (untimed), then --steps timed decode steps; median of --reps
@@ -183,13 +185,17 @@ def batch_one_kernel(dtype: torch.dtype) -> str:
 
 def variants(base: LoadedModel) -> Iterator[tuple[str, LoadedModel, bool]]:
     """(name, model, time both int8 kernels): float32, int8 on float32 (also with the tied
-    embedding/head in int8), bfloat16, int8 on bfloat16; at most two copies besides base."""
+    embedding/head in int8), the file's Q4_1 kept 4-bit, bfloat16, int8 on bfloat16, Q4_1 kept
+    4-bit and int4 from floats on bfloat16; at most two copies besides base."""
     yield "float32", base, False
     yield "int8 (float32 activations)", _copy(base, None, "int8"), True
     yield "int8 + embedding/head (float32)", _copy(base, None, "int8", embeddings=True), False
+    yield "Q4_1 kept 4-bit (float32 activations)", _copy(base, None, "gguf"), False
     half = _copy(base, torch.bfloat16, "none")
     yield "bfloat16", half, False
     yield "int8 (bfloat16 activations)", _copy(half, None, "int8"), True
+    yield "Q4_1 kept 4-bit (bfloat16 activations)", _copy(half, None, "gguf"), False
+    yield "int4 from the float weights (bfloat16)", _copy(half, None, "int4"), False
 
 
 def _copy(
