@@ -43,13 +43,13 @@ from services.gateway.http_json import (
     http_exception_response,
     json_response,
 )
+from services.gateway.json_body import parse_object_off_loop
 from services.gateway.lifecycle import LIFECYCLE, Lifecycle
 from services.gateway.log_text import excerpt, log_safe
 from services.gateway.openai_protocol import (
     ParsedRequest,
     parse_chat_request,
     parse_completion_request,
-    parse_json_body,
 )
 from services.gateway.openapi import openapi_handler
 from services.gateway.prompt_guard import PromptGuard
@@ -240,7 +240,7 @@ def _api(handler: ApiHandler) -> Handler:
 async def _json_body(request: web.Request) -> dict:
     _require_json(request)
     # Read within the body timeout, inflated here (never by aiohttp): http_body.py.
-    return parse_json_body(await read_body(request, request.app[LIMITS]))
+    return await parse_object_off_loop(await read_body(request, request.app[LIMITS]))
 
 
 async def _serve(

@@ -10,7 +10,6 @@ deprecated `functions`, ...) are refused rather than silently ignored. Output co
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -19,7 +18,7 @@ from services.common.errors import InvalidArgument
 from services.common.max_tokens import MaxTokens
 from services.common.sampling import SamplingOptions
 from services.gateway.backend import MODEL_DEFAULT_FIELDS, GenerationRequest
-from services.gateway.http_json import has_lone_surrogate
+from services.gateway.json_body import parse_object
 from services.gateway.openai_fields import (
     INT32_MAX,
     INT32_MIN,
@@ -66,19 +65,7 @@ class ParsedRequest:
 
 
 def parse_json_body(raw: bytes) -> JsonObject:
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both derive from it
-        raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidArgument("request body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise InvalidArgument("request body must be a JSON object")
-    # JSON may spell half a UTF-16 pair (\ud800), which no UTF-8 encoder (protobuf's
-    # included) accepts; raw UTF-8 cannot hold one, so only an escape can bring it in.
-    if b"\\u" in raw and has_lone_surrogate(body):
-        raise InvalidArgument("request body contains an unpaired UTF-16 surrogate escape")
-    return body
+    return parse_object(raw)  # json_body.py; the HTTP app parses big bodies off the loop
 
 
 def parse_completion_request(

@@ -18,6 +18,7 @@ from services.gateway.api_keys import ApiKey, KeyLimits, KeyRing, hash_key
 from services.gateway.front_door import FrontDoor
 from services.gateway.grpc_api import GatewayServicer, public_server
 from services.gateway.http_app import create_app
+from services.gateway.json_body import MAX_VALUES
 from services.gateway.rate_limiter import LocalBuckets, RateLimiter
 from services.gateway.request_limits import DEFAULT_LIMITS, RequestLimits
 from tests.unit.gateway.echo_backend import MODEL, EchoBackend
@@ -194,12 +195,15 @@ async def _refused_as_too_big(d: Door, body: dict) -> None:
 
 async def test_250000_empty_messages_are_refused_by_their_count():
     """Were parsed, built and templated (14 s, +95 MiB); now a 400 naming messages and the
-    limit (LAYERSERVE_MAX_MESSAGES, 2048) before one message object is built."""
+    limit (LAYERSERVE_MAX_MESSAGES, 2048) before one message object is built. Over HTTP the
+    body (750,000 JSON values) is refused sooner, by the parser's bound (json_body.py)."""
     body = _chat([{"role": "user", "content": ""}] * 250_000)
     async with door() as d:
         status, response = await d.post(body)
+        assert status == 400 and f"more than {MAX_VALUES} JSON" in response["error"]["message"]
+        status, response = await d.post(_chat([{"role": "user", "content": ""}] * 50_000))
         assert status == 400 and response["error"]["param"] == "messages"
-        assert "at most 2048 items, got 250000" in response["error"]["message"]
+        assert "at most 2048 items, got 50000" in response["error"]["message"]
         code, details = await d.generate(_proto(body))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "at most 2048 items" in details
 
