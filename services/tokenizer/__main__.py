@@ -27,6 +27,8 @@ async def main() -> None:
     setup_logging("tokenizer")
     grammar_pool()  # reads its settings now: a bad one stops the start, not a request
     setup_tracing("tokenizer")  # on when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    if config.defaults_file() is None:
+        log.info("model sampling defaults off (--generation-config off): the APIs' own apply")
     models = {}
     by_path: dict[str | None, TextModel] = {}  # a tokenizer is immutable: names may share one
     for name, path in config.models:
