@@ -61,3 +61,30 @@ def test_rejects_bad_arguments() -> None:
         int4_matmul(torch.zeros(1, 64), nibbles, scale.t().contiguous().t(), offset)
     with pytest.raises(ValueError, match="whole groups"):
         int4_matmul(torch.zeros(1, 48), nibbles[:, :24], scale, offset)
+
+
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
+def test_int4_weight_computes_with_it_as_its_cuda_kernel(device: str, dtype: torch.dtype) -> None:
+    """layers/int4_weight.TritonMM (what an Int4Weight on CUDA runs at decode) reads the
+    weight's own nibbles, scales and offsets."""
+    from services.worker.layers.int4_weight import TRITON, Int4Weight, int4_kernel
+
+    weight = Int4Weight.quantize(torch.randn(96, 64, device=device, dtype=dtype))
+    x = torch.randn(2, 3, 64, device=device, dtype=dtype)
+    expected = x @ weight.dequantized().T
+    got = TRITON(x, weight)
+    assert got.shape == (2, 3, 96)
+    assert (got.float() - expected.float()).abs().max() <= _tolerance(expected, dtype)
+    assert int4_kernel("auto", torch.device("cuda")).small is TRITON
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU interpreter's")
+def test_gpu_check_dry_run_table() -> None:
+    """What scripts/gpu_check.py's 4-bit section prints without a GPU: every case, agreeing."""
+    from services.worker.kernels.int4_matmul_check import DRY_SHAPES, ROWS, int4_rows, markdown
+
+    rows = int4_rows("cpu", DRY_SHAPES, reps=0)
+    assert len(rows) == len(DRY_SHAPES) * len(ROWS)
+    assert all(float(r["triton rel err"]) < 1e-5 for r in rows)
+    assert all(float(r["auto rel err"]) < 2e-2 for r in rows)  # int4pack: bfloat16
+    assert markdown(rows).count("\n") == len(rows) + 1

@@ -89,6 +89,19 @@ class DequantMM:
         return F.linear(x, weight.dequantized())
 
 
+class TritonMM:
+    """The Triton int4 matmul (kernels/int4_matmul.py), reading the nibbles directly: CUDA."""
+
+    name = "triton"
+
+    def __call__(self, x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
+        from services.worker.kernels.int4_matmul import int4_matmul  # imports triton
+
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        out = int4_matmul(flat, weight.nibbles, weight.scale, weight.offset)
+        return out.reshape(*x.shape[:-1], weight.nibbles.shape[0])
+
+
 @dataclass(frozen=True, slots=True)
 class ByRows:
     """`small` for calls of up to max_rows activation rows, `large` above."""
@@ -103,17 +116,20 @@ class ByRows:
         return (self.small if rows <= self.max_rows else self.large)(x, weight)
 
 
-INT4PACK, DEQUANT = Int4PackMM(), DequantMM()
+INT4PACK, DEQUANT, TRITON = Int4PackMM(), DequantMM(), TritonMM()
 INT4_KERNELS: dict[str, Int4Kernel] = {"int4pack": INT4PACK, "dequant": DEQUANT}
+# CUDA: the Triton kernel for decode-sized batches, cuBLAS on a dequantized copy above. The
+# switch is a guess until the GPU check measures it (kernels/int4_matmul_check.py).
+TRITON_MAX_ROWS = 16
 
 
 def int4_kernel(name: str, device: torch.device) -> Int4Kernel:
-    """The kernel `name` names ("int4pack" or "dequant"); "auto" (or the int8 kernel names
-    quantize_model also accepts): int4pack up to INT4PACK_MAX_ROWS rows on the CPU, where a
-    small batch is bound by reading weights, and dequantize-then-GEMM above it. Elsewhere
-    (CUDA) dequantize-then-GEMM: no int4 kernel of ours runs there yet."""
+    """The kernel `name` names ("int4pack" or "dequant" on the CPU); "auto" (or the int8
+    kernel names quantize_model also accepts): int4pack up to INT4PACK_MAX_ROWS rows on the
+    CPU, where a small batch is bound by reading weights, and dequantize-then-GEMM above it; on
+    CUDA the Triton kernel up to TRITON_MAX_ROWS rows, dequantize-then-GEMM above."""
     if device.type != "cpu":
-        return DEQUANT
+        return DEQUANT if name == "dequant" else ByRows(TRITON, DEQUANT, TRITON_MAX_ROWS)
     if name in INT4_KERNELS:
         return INT4_KERNELS[name]
     return ByRows(INT4PACK, DEQUANT, INT4PACK_MAX_ROWS)
