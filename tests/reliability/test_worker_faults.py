@@ -24,6 +24,8 @@ from tests.reliability.load import COMPLETED, ERRORED, LoadResult
 from tests.reliability.record import write_record
 
 LONG = 3000  # tokens: seconds of null-worker output, so the kill lands mid-stream
+# The moved streams run to their end on the survivor: shorter, still seconds of output.
+MOVED = 2000
 ENDS_WITHIN_S = 5.0  # a dead worker's requests end this soon after the wait for a replica
 MIGRATION_WAIT_S = 2.0  # how long they wait for one (--migration-wait-s)
 REJOIN_WITHIN_S = 60.0
@@ -69,8 +71,8 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def test_killed_replica_moves_its_streams_and_rejoins(replicas: Stack):
     stack = replicas
-    flights = [http_stream(stack, LONG) for _ in range(8)]
-    flights += [grpc_stream(stack, LONG) for _ in range(2)]
+    flights = [http_stream(stack, MOVED) for _ in range(8)]
+    flights += [grpc_stream(stack, MOVED) for _ in range(2)]
     killed_at = kill_mid_stream(stack, flights, "worker0")
     outcomes = [f.wait() for f in flights]
     ended_after = [round(f.ended_at - killed_at, 2) for f in flights]
@@ -95,7 +97,7 @@ def test_killed_replica_moves_its_streams_and_rejoins(replicas: Stack):
         "worker_kill_replica",
         "SIGKILL of one of two replicas mid-stream",
         {
-            "load": f"{len(flights)} streams of {LONG} tokens (8 HTTP SSE, 2 gRPC) on two "
+            "load": f"{len(flights)} streams of {MOVED} tokens (8 HTTP SSE, 2 gRPC) on two "
             "null-worker replicas, round-robin routing",
             "faults": ["SIGKILL to worker0 while every stream was producing tokens"],
             "outcomes": LoadResult(outcomes).counts(),
