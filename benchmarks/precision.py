@@ -27,7 +27,7 @@ class Precision:
     dtype: str  # layerserve's compute dtype, resolved ("float32", "bfloat16", ...)
     quantization: str  # layerserve's --quantization ("none", "int8", ...)
     llama_cpp_type: str  # AS_SHIPPED or a key of LLAMA_CPP_TYPES
-    reason: str  # why layerserve's dtype is what it is
+    reason: str  # why layerserve's dtype and weights are what they are
 
     def layerserve(self) -> str:
         """e.g. "bfloat16 + int8 weights" or "float32"."""
@@ -53,18 +53,19 @@ def precisions(
 ) -> tuple[Precision, ...]:
     """The pairings asked for. dtype, quantization: layerserve's side of `default` (None: the
     worker's own defaults, `auto` resolved for this CPU); llama_cpp_type: llama.cpp's side."""
-    from services.worker.config import QUANTIZATION_CHOICES, WorkerConfig
+    from services.worker.config import WorkerConfig
     from services.worker.dtype_choice import resolve_dtype
+    from services.worker.model.loader import default_path
+    from services.worker.model.quant_choice import QUANTIZATION_CHOICES, resolve_quantization
 
     if quantization is not None and quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"--quantization: {quantization!r} is not one of {QUANTIZATION_CHOICES}")
     worker = WorkerConfig.from_args([])  # its defaults, LAYERSERVE_WORKER_* as the worker reads
     choice = resolve_dtype(dtype or worker.dtype, torch.device("cpu"))
-    reason = choice.reason if dtype is None else "--dtype"
+    weights = resolve_quantization(quantization or worker.quantization, default_path(), "cpu")
+    reason = f"{choice.reason}; {weights.reason}"
     made = {
-        "default": Precision(
-            "default", choice.dtype, quantization or worker.quantization, llama_cpp_type, reason
-        ),
+        "default": Precision("default", choice.dtype, weights.method, llama_cpp_type, reason),
         "equal": Precision("equal", EQUAL_DTYPE, "none", "F32", "equal precision"),
     }
     return tuple(made[name] for name in names)

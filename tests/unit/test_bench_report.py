@@ -206,11 +206,14 @@ def test_each_side_runs_at_its_default_and_at_equal_precision(monkeypatch) -> No
 
     from services.worker.config import WorkerConfig
     from services.worker.dtype_choice import resolve_dtype
+    from services.worker.model.loader import default_path
+    from services.worker.model.quant_choice import resolve_quantization
 
     default, equal = parse_config([]).precisions
     # default: what `layerserve` runs with no flag on this machine, llama.cpp's file untouched
     assert default.dtype == resolve_dtype("auto", torch.device("cpu")).dtype
-    assert default.quantization == WorkerConfig.from_args([]).quantization
+    weights = resolve_quantization(WorkerConfig.from_args([]).quantization, default_path(), "cpu")
+    assert default.quantization == weights.method and weights.reason in default.reason
     assert default.llama_cpp("Q4_1") == "Q4_1 (as shipped)"
     assert (equal.layerserve(), equal.llama_cpp_type) == ("float32", "F32")
     assert equal.worker_args() == ["--dtype", "float32", "--quantization", "none"]
@@ -218,7 +221,8 @@ def test_each_side_runs_at_its_default_and_at_equal_precision(monkeypatch) -> No
         ["--precision", "default", "--dtype", "bfloat16", "--quantization", "int8",
          "--llama-cpp-type", "Q8_0"]
     ).precisions  # fmt: skip
-    assert pinned.layerserve() == "bfloat16 + int8 weights" and pinned.reason == "--dtype"
+    assert pinned.layerserve() == "bfloat16 + int8 weights"
+    assert pinned.reason == "--dtype; --quantization"
     assert pinned.llama_cpp("Q4_1") == "Q8_0 (converted from the Q4_1 file by llama.cpp)"
 
 
