@@ -121,7 +121,7 @@ async def main() -> None:
         config.model_name + (" (null worker)" if config.null else ""),
         runner.device,
         runner.dtype
-        + ("" if config.quantization == "none" else f" ({config.quantization} weights)"),
+        + ("" if config.quantization == "none" else f" with {config.quantization} weights"),
         runner.kernels,
         time.perf_counter() - started,
         runner.num_blocks,
