@@ -17,7 +17,7 @@ from typing import Any
 
 from services.gateway.anthropic_errors import anthropic_error_body
 from services.gateway.backend import GenerationDelta, ToolCall
-from services.gateway.http_json import dumps, error_payload
+from services.gateway.http_json import error_payload, named_sse_event
 from services.gateway.openai_responses import UsageTally
 
 JsonObject = dict[str, Any]
@@ -52,7 +52,7 @@ class MessagesRenderer:
         return self.message()
 
     def events(self, index: int, delta: GenerationDelta) -> list[bytes]:
-        return [_sse(event) for event in self._steps(delta)]
+        return [named_sse_event(event) for event in self._steps(delta)]
 
     def closing(self) -> list[bytes]:
         return []  # message_stop ended it
@@ -60,7 +60,7 @@ class MessagesRenderer:
     def error(self, error: BaseException) -> bytes:
         status = getattr(error, "http_status", 500)
         message = error_payload(error)["error"]["message"]
-        return _sse(anthropic_error_body(status, message))
+        return named_sse_event(anthropic_error_body(status, message))
 
     # -- the state machine --
 
@@ -172,7 +172,3 @@ class TokenCountRenderer:
 
     def error(self, error: BaseException) -> bytes:
         raise AssertionError("count_tokens does not stream")
-
-
-def _sse(event: JsonObject) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + dumps(event) + b"\n\n"

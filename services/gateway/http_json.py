@@ -43,6 +43,11 @@ def sse_event(obj: Any) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
 
 
+def named_sse_event(event: dict[str, Any]) -> bytes:
+    """An SSE event named by its own "type" (the Responses and Anthropic Messages streams)."""
+    return b"event: " + event["type"].encode() + b"\ndata: " + dumps(event) + b"\n\n"
+
+
 def json_response(obj: Any, status: int = 200) -> web.Response:
     return web.Response(body=dumps(obj), status=status, content_type="application/json")
 

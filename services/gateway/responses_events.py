@@ -15,7 +15,7 @@ from typing import Any
 
 from services.common.errors import LayerserveError, ResourceExhausted
 from services.gateway.backend import GenerationDelta, ToolCall
-from services.gateway.http_json import dumps, error_payload
+from services.gateway.http_json import error_payload, named_sse_event
 from services.gateway.openai_responses import UsageTally
 
 JsonObject = dict[str, Any]
@@ -49,7 +49,7 @@ class ResponsesRenderer:
         return self.snapshot()
 
     def events(self, index: int, delta: GenerationDelta) -> list[bytes]:
-        return [_sse(event) for event in self._steps(delta)]
+        return [named_sse_event(event) for event in self._steps(delta)]
 
     def closing(self) -> list[bytes]:
         return []  # response.completed already said it all; no [DONE] in this API
@@ -64,7 +64,7 @@ class ResponsesRenderer:
             self._event("error", code=code, message=body["message"], param=body["param"]),
             self._event("response.failed", response=failed),
         ]
-        return b"".join(_sse(event) for event in events)
+        return b"".join(named_sse_event(event) for event in events)
 
     # -- the state machine --
 
@@ -237,7 +237,3 @@ def _copy(obj: JsonObject) -> JsonObject:
         key: [dict(p) for p in value] if isinstance(value, list) else value
         for key, value in obj.items()
     }
-
-
-def _sse(event: JsonObject) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + dumps(event) + b"\n\n"
