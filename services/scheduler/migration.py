@@ -27,12 +27,12 @@ from services.scheduler.output import Output
 from services.scheduler.request import FinishReason, Request, Status
 from services.scheduler.request_trace import RequestTraces
 from services.scheduler.router import Router
-from services.scheduler.scheduler_metrics import REQUEST_MIGRATIONS
+from services.scheduler.scheduler_metrics import REQUEST_MIGRATIONS, WORKER_LOST
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 0.25
-REASON = "worker_lost"
+REASON = WORKER_LOST
 
 
 @dataclass(slots=True)

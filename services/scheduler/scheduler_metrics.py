@@ -36,6 +36,7 @@ LABELS = ("model", "worker")
 
 # The tokenizer counts under the same name the moves between scheduler replicas (reason
 # scheduler_lost / scheduler_unavailable); each move is counted once, by the tier that made it.
+WORKER_LOST = "worker_lost"  # the reason label of a migration after a lost worker
 REQUEST_MIGRATIONS = metrics.counter(
     "request_migrations_total",
     "Requests moved to another worker of their model after theirs was lost mid-stream "
@@ -176,8 +177,9 @@ class SchedulerMetrics(SchedulerObserver):
 
     def __init__(self, model: str) -> None:
         self.model = model
-        # Zeros until a request speculates (off by default): the series exists from the start.
+        # Zeros until a request speculates or a worker is lost: the series exist from the start.
         ACCEPTED_LENGTH.labels(model)
+        REQUEST_MIGRATIONS.labels(model, WORKER_LOST)
 
     def scheduled(self, step: ScheduledStep, now: float) -> None:
         observe_step(self.model, step, now)
