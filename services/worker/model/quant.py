@@ -87,8 +87,9 @@ def quantize_loaded(
     and prefix-cache hashes must not match the float model's KV). "auto" is resolved here
     for the loaded file and device (quant_choice.py) and the choice logged."""
     if method == "auto":
-        device_type = next(loaded.model.parameters()).device.type
-        choice = resolve_quantization(method, loaded.path, device_type)
+        first = next(loaded.model.parameters())
+        dtype = str(first.dtype).removeprefix("torch.")
+        choice = resolve_quantization(method, loaded.path, first.device.type, dtype)
         logger.info("weights: quantization %s (%s)", choice.method, choice.reason)
         method = choice.method
     if method == "gguf":

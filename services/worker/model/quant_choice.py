@@ -1,11 +1,12 @@
 """Which weight format the worker computes with: --quantization, "auto" resolved at load.
 
 "auto" keeps a GGUF file's 4-bit weights as the file stores them ("gguf", model/gguf_weights.py)
-when the model runs on the CPU: torch's int4 kernel reads a quarter of float32's bytes and
-measured faster than the float weights at 1 and 16 rows (docs/benchmarks.md, "4-bit
-weights"). Anything else stays as loaded ("none"): a float checkpoint (int8/int4 from floats
-cost quality the file's own 4-bit values do not), or a CUDA device, where no 4-bit kernel of
-ours runs yet and the dequantize-per-call fallback would be slower than the float weights."""
+when the model runs on the CPU in bfloat16 or float16: torch's int4 kernel reads a quarter of
+bfloat16's bytes and measured faster than the float weights at batch 1 and even at 16
+(docs/benchmarks.md, "Issue 29: 4-bit weights, served as they ship"). Anything else stays as
+loaded ("none"): float32 compute (int4pack would compute in bfloat16, which float32 was chosen
+or asked to avoid), a float checkpoint (int8/int4 from floats cost quality the file's own 4-bit
+values do not), or a CUDA device, where the Triton int4 kernel is not measured yet."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ class QuantizationChoice:
     reason: str
 
 
-def resolve_quantization(choice: str, path: Path, device_type: str) -> QuantizationChoice:
+def resolve_quantization(
+    choice: str, path: Path, device_type: str, dtype: str = "bfloat16"
+) -> QuantizationChoice:
     """The method for --quantization `choice`, loading the model at `path` on a `device_type`
-    ("cpu", "cuda") device."""
+    ("cpu", "cuda") device to compute in `dtype` ("float32", "bfloat16", "float16")."""
     if choice not in QUANTIZATION_CHOICES:
         raise ValueError(
             f"--quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, got {choice!r}"
@@ -40,5 +43,7 @@ def resolve_quantization(choice: str, path: Path, device_type: str) -> Quantizat
     if not has_four_bit(GGUFFile(path)):
         return QuantizationChoice("none", "auto: no Q4_0/Q4_1 tensors in the file")
     if device_type != "cpu":
-        return QuantizationChoice("none", f"auto: no 4-bit kernel on {device_type} yet")
+        return QuantizationChoice("none", f"auto: no measured 4-bit kernel on {device_type} yet")
+    if dtype == "float32":  # asked for, or no native bfloat16 on this CPU
+        return QuantizationChoice("none", "auto: float32 compute; int4pack computes in bfloat16")
     return QuantizationChoice("gguf", "auto: the file's Q4_0/Q4_1 weights kept 4-bit (int4pack)")

@@ -121,6 +121,8 @@ def test_auto_keeps_a_4_bit_gguf_on_the_cpu_only(tmp_path) -> None:
     packaged = default_path()  # SmolLM2 Q4_1
     assert resolve_quantization("auto", packaged, "cpu").method == "gguf"
     assert resolve_quantization("auto", packaged, "cuda").method == "none"
+    # float32 asked for (the e2e stack's dense reference): int4pack would compute in bfloat16
+    assert resolve_quantization("auto", packaged, "cpu", "float32").method == "none"
     assert resolve_quantization("auto", tmp_path, "cpu").method == "none"  # a float checkpoint
     assert resolve_quantization("int8", packaged, "cpu").reason == "--quantization"
     with pytest.raises(ValueError, match="--quantization must be one of auto, none"):

@@ -51,3 +51,11 @@ def test_kept_4_bit_greedy_text_follows_the_float_load(
     got = _greedy(smollm_gguf, prompts)
     prefixes = [_prefix(e, g) for e, g in zip(expected, got, strict=True)]
     assert sum(prefixes) / (NEW_TOKENS * len(prompts)) >= MIN_PREFIX_AGREEMENT, prefixes
+
+
+def test_auto_leaves_float32_compute_as_loaded_and_says_why(
+    smollm: LoadedModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="services.worker.model.quant"):
+        assert quantize_loaded(smollm, "auto") is smollm  # float32: int4pack would be bfloat16
+    assert "quantization none (auto: float32 compute" in caplog.text
