@@ -22,15 +22,14 @@ from services.common import tracing
 from services.common.internal_auth import METADATA_KEY, InternalAuth
 from services.common.tracing import setup_tracing
 from services.gateway.console_routes import RING
-from services.gateway.grpc_api import GatewayServicer, public_server
+from services.gateway.grpc_api import GatewayServicer
 from services.gateway.http_app import BACKEND, FRONT_DOOR, create_app
-from services.gateway.request_limits import DEFAULT_LIMITS
 from services.gateway.request_span import GRPC_GENERATE
 from services.gateway.trace_receiver import start_receiver
 from services.gateway.trace_ring import TraceRing
 from services.launcher import console_env, parse_args
 from tests.e2e.conftest import free_ports
-from tests.unit.gateway.conftest import front_door
+from tests.unit.gateway.conftest import front_door, grpc_gateway
 from tests.unit.gateway.echo_backend import MODEL, EchoBackend
 
 TOKEN = secrets.token_hex(16)
@@ -116,19 +115,13 @@ async def test_a_grpc_call_is_listed_for_its_own_key_as_http_requests_are(client
     """Issue 31: the public gRPC API's calls are in the Requests view too (they were not)."""
     app = client.app
     servicer = GatewayServicer(app[BACKEND], app[FRONT_DOOR], ring=app[RING])
-    server = public_server(DEFAULT_LIMITS, [])
-    gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with grpc_gateway(servicer) as address:
+        async with grpc.aio.insecure_channel(address) as channel:
             request = gateway_pb2.GenerateRequest(model=MODEL, prompt=PROMPT, max_tokens=3)
             call = gateway_pb2_grpc.GatewayStub(channel).Generate(
                 request, metadata=[("authorization", "Bearer key-a")]
             )
             assert [r async for r in call]
-    finally:
-        await server.stop(None)
     (mine,) = await traces(client, "key-a", want=1)
     assert mine["request_id"].startswith("gen-") and mine["path"] == GRPC_GENERATE
     detail = await client.get(f"/console/api/traces/{mine['trace_id']}", headers=auth("key-a"))

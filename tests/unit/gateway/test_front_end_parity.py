@@ -10,14 +10,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from layerserve.common.v1 import common_pb2
-from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from layerserve.gateway.v1 import gateway_pb2
 from services.common.errors import InvalidArgument
 from services.common.grpc_status import grpc_code
 from services.gateway.api_keys import KeyRing
 from services.gateway.front_door import FrontDoor
-from services.gateway.grpc_api import GatewayServicer, public_server, request_from_proto
+from services.gateway.grpc_api import GatewayServicer, request_from_proto
 from services.gateway.openai_protocol import parse_chat_request, parse_completion_request
 from services.gateway.request_limits import RequestLimits
+from tests.unit.gateway.conftest import grpc_gateway
 from tests.unit.gateway.echo_backend import MODEL, EchoBackend
 
 LIMITS = RequestLimits(max_prompt_tokens=64, max_tokens=500)
@@ -119,13 +120,9 @@ async def test_the_public_grpc_port_takes_no_message_over_the_body_limit() -> No
     """A 20 MB GenerateRequest was read and tokenized for 20.9 s; the limit is now the HTTP
     body limit, enforced by gRPC before the servicer sees anything."""
     limits = RequestLimits(max_body_bytes=1024)
-    server = public_server(limits, [])
     servicer = GatewayServicer(EchoBackend(), FrontDoor(KeyRing([])), limits)
-    gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with grpc_gateway(servicer, limits) as address:
+        async with grpc.aio.insecure_channel(address) as channel:
             call = channel.unary_stream(
                 "/layerserve.gateway.v1.Gateway/Generate",
                 request_serializer=gateway_pb2.GenerateRequest.SerializeToString,
@@ -137,5 +134,3 @@ async def test_the_public_grpc_port_takes_no_message_over_the_body_limit() -> No
                 async for _ in call(gateway_pb2.GenerateRequest(model=MODEL, prompt="x" * 2048)):
                     pass
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    finally:
-        await server.stop(None)

@@ -20,15 +20,15 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
 from layerserve.common.v1 import common_pb2
-from layerserve.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from layerserve.gateway.v1 import gateway_pb2
 from services.common.errors import InvalidArgument
 from services.gateway.backend import ToolCall
 from services.gateway.grammar_check import check_grammars
-from services.gateway.grpc_api import GatewayServicer, public_server, request_from_proto
+from services.gateway.grpc_api import GatewayServicer, request_from_proto
 from services.gateway.request_limits import DEFAULT_LIMITS
 from tests.openai_schema import validate
 from tests.unit.common.test_grammar_limits import defs_chain, lark_chain
-from tests.unit.gateway.conftest import API_KEY, front_door
+from tests.unit.gateway.conftest import API_KEY, front_door, grpc_gateway
 from tests.unit.gateway.scripted_backend import MODEL, ScriptedBackend
 from tests.unit.gateway.sse import DONE, read_events
 
@@ -369,15 +369,9 @@ def test_grpc_requests_take_the_same_fields_and_rules() -> None:
 
 
 async def test_grpc_port_serves_reflection(scripted) -> None:
-    server = public_server(DEFAULT_LIMITS, [])
     servicer = GatewayServicer(scripted, front_door(API_KEY), DEFAULT_LIMITS)
-    gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        services, generate = await asyncio.to_thread(_reflect, f"127.0.0.1:{port}")
-    finally:
-        await server.stop(None)
+    async with grpc_gateway(servicer) as address:
+        services, generate = await asyncio.to_thread(_reflect, address)
     assert "layerserve.gateway.v1.Gateway" in services
     assert "grpc.reflection.v1alpha.ServerReflection" in services
     assert generate.input_type.full_name == "layerserve.gateway.v1.GenerateRequest"
