@@ -86,5 +86,4 @@ def test_gpu_check_dry_run_table() -> None:
     rows = int4_rows("cpu", DRY_SHAPES, reps=0)
     assert len(rows) == len(DRY_SHAPES) * len(ROWS)
     assert all(float(r["triton rel err"]) < 1e-5 for r in rows)
-    assert all(float(r["auto rel err"]) < 2e-2 for r in rows)  # int4pack: bfloat16
     assert markdown(rows).count("\n") == len(rows) + 1
