@@ -181,3 +181,4 @@ def test_dry_run_passes_on_a_bare_machine(tmp_path: Path) -> None:
     assert [row[3] for row in rows] == ["dry run"] * len(GOALS), rows  # each with its figure
     # the real model's reader is not on a bare machine: the section says so, and fails nothing
     assert report["speculation"]["status"].startswith("not run (gguf")
+    assert {row["shape"] for row in report["int4"]["rows"]} == {"96x64", "64x96"}
