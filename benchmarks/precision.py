@@ -62,7 +62,9 @@ def precisions(
         raise ValueError(f"--quantization: {quantization!r} is not one of {QUANTIZATION_CHOICES}")
     worker = WorkerConfig.from_args([])  # its defaults, LAYERSERVE_WORKER_* as the worker reads
     choice = resolve_dtype(dtype or worker.dtype, torch.device("cpu"))
-    weights = resolve_quantization(quantization or worker.quantization, default_path(), "cpu")
+    weights = resolve_quantization(
+        quantization or worker.quantization, default_path(), "cpu", choice.dtype
+    )
     reason = f"{choice.reason}; {weights.reason}"
     made = {
         "default": Precision("default", choice.dtype, weights.method, llama_cpp_type, reason),

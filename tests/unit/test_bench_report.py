@@ -212,7 +212,8 @@ def test_each_side_runs_at_its_default_and_at_equal_precision(monkeypatch) -> No
     default, equal = parse_config([]).precisions
     # default: what `layerserve` runs with no flag on this machine, llama.cpp's file untouched
     assert default.dtype == resolve_dtype("auto", torch.device("cpu")).dtype
-    weights = resolve_quantization(WorkerConfig.from_args([]).quantization, default_path(), "cpu")
+    worker_quantization = WorkerConfig.from_args([]).quantization
+    weights = resolve_quantization(worker_quantization, default_path(), "cpu", default.dtype)
     assert default.quantization == weights.method and weights.reason in default.reason
     assert default.llama_cpp("Q4_1") == "Q4_1 (as shipped)"
     assert (equal.layerserve(), equal.llama_cpp_type) == ("float32", "F32")
