@@ -4,9 +4,10 @@ block of every sequence into a padded tensor, every layer, every step. Decodes a
 chunks of the whole batch go in one call per layer; no mask is built.
 
 RoPE runs in the extension too (csrc/rope.cpp: q and k in place, one call instead of 12
-torch ops, the same bits). Everything else (KV cache writes, norms, SiLU-mul) is the torch
-path's, and so is attention on any other device (--kernels torch on CUDA): the torch path
-stays the reference this one is tested against (tests/unit/worker/test_cpu_attention.py)."""
+torch ops, the same bits), and so does SiLU-mul (csrc/small_ops.cpp: torch_ops.py's ATen calls
+made from C++, one dispatch from Python). KV cache writes and norms are the torch path's,
+and so is all of it on any other device (--kernels torch on CUDA): the torch path stays the
+reference this one is tested against (tests/unit/worker/test_cpu_attention.py)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ class CpuAttention(TorchAttention):
         meta, _ = lay_out(query_lens, context_lens, block_tables, block_size, device)
         meta.context_lens_device = torch.tensor(context_lens, dtype=torch.int64)
         return meta
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """torch_ops.silu_mul's ATen calls from C++ (csrc/small_ops.cpp): one dispatch, not 3."""
+        if gate_up.device.type != "cpu":
+            return super().silu_mul(gate_up)
+        return torch.ops.layerserve.silu_mul(gate_up)
 
     def apply_rope(
         self,

@@ -1,6 +1,7 @@
-"""The C++ CPU attention extension (csrc/cpu_attention.cpp and csrc/rope.cpp): built once by
-`make install` (python -m services.worker.layers.cpu_attention_ext) with torch's extension
-tooling, loaded by the worker at start-up as torch.ops.layerserve.paged_attention and rope_.
+"""The C++ CPU attention extension (csrc/: cpu_attention.cpp, rope.cpp, small_ops.cpp): built
+once by `make install` (python -m services.worker.layers.cpu_attention_ext) with torch's
+extension tooling, loaded by the worker at start-up as torch.ops.layerserve.paged_attention,
+rope_ and silu_mul.
 
 It is compiled for the machine that builds it (-march=native), so the build directory is keyed
 by the source, the flags, torch's version and this CPU's instruction sets: a changed source or a
@@ -23,7 +24,8 @@ import torch
 
 NAME = "layerserve_cpu_attention"
 SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.cpp"
-SOURCES = (SOURCE, SOURCE.with_name("rope.cpp"))  # one library: paged_attention, rope_
+# One library: paged_attention, rope_ and silu_mul.
+SOURCES = (SOURCE, SOURCE.with_name("rope.cpp"), SOURCE.with_name("small_ops.cpp"))
 BUILD_ROOT = Path(__file__).resolve().parents[3] / "build" / "cpu_attention"  # .gitignore'd
 # -fno-math-errno lets std::floor and friends vectorise; no -ffast-math: the kernel's
 # reductions are written to vectorise without reassociation, and it must keep IEEE semantics.

@@ -37,14 +37,11 @@ class FusedAttention(nn.Module):
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, d] -> q [T, H, D], k and v [T, Hkv, D]."""
-        tokens = x.shape[0]
-        qkv = F.linear(x, self.qkv_proj)  # [T, (H + 2 Hkv) * D]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        return (
-            q.view(tokens, self.num_heads, self.head_dim),
-            k.view(tokens, self.num_kv_heads, self.head_dim),
-            v.view(tokens, self.num_kv_heads, self.head_dim),
-        )
+        heads = self.num_heads + 2 * self.num_kv_heads
+        qkv = F.linear(x, self.qkv_proj).view(x.shape[0], heads, self.head_dim)
+        # One view and one split (two dispatches), not a split and three views.
+        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+        return q, k, v
 
     def project_out(self, out: torch.Tensor) -> torch.Tensor:
         """Attention output [T, H, D] -> [T, d]."""

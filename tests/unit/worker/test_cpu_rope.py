@@ -1,4 +1,5 @@
-"""The extension's RoPE (csrc/rope.cpp, CpuAttention.apply_rope) against torch_ops.apply_rope:
+"""The extension's RoPE (csrc/rope.cpp, CpuAttention.apply_rope) and SiLU-mul
+(csrc/small_ops.cpp) against torch_ops.py:
 the same bits in float32, bfloat16 and float16, on q and k as the fused qkv projection lays
 them out (strided views of one matrix), rotated in place. A bit off would move a model's greedy
 outputs; the e2e reference tests hold them."""
@@ -41,3 +42,13 @@ def test_rope_matches_the_torch_ops_bit_for_bit(dtype: torch.dtype, tokens: int)
     assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
     assert got_q.data_ptr() == q.data_ptr()  # in place: no new tensor per layer
     assert torch.equal(qkv[:, (heads + kv_heads) * dim :], untouched_v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_silu_mul_matches_the_torch_ops_bit_for_bit(dtype: torch.dtype) -> None:
+    """csrc/small_ops.cpp: torch_ops.silu_mul in one dispatch."""
+    generator = torch.Generator().manual_seed(1)
+    gate_up = torch.randn(5, 2 * 1536, generator=generator).to(dtype)
+    backend = CpuAttention()
+
+    assert torch.equal(backend.silu_mul(gate_up.clone()), torch_ops.silu_mul(gate_up.clone()))
