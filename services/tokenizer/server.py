@@ -236,25 +236,29 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         self._events.aborted(request_id)
 
     async def _start(self, request, outbox: Outbox, open_ids: set[str]) -> None:
-        """Tokenizes off the event loop, then hands the request to the scheduler."""
+        """Tokenizes off the event loop, then hands the request to the scheduler. Whatever
+        fails before the hand-over ends this request with an error, never silently."""
         request_id = request.request_id
-        events = self._events
-        events.started(request)
+        self._events.started(request)
         try:
             target, model, prompt_ids = await self._prepare(request)
             check_prompt_length(len(prompt_ids), request.max_prompt_tokens)
             await self._check_structured(model, request.sampling)
             link = await self._schedulers.choose(target, prompt_ids)
+            self._events.tokenized(request_id, target, len(prompt_ids))
+            if request_id not in open_ids:
+                return  # aborted while tokenizing
+            self._hand_over(request, target, model, prompt_ids, link, outbox, open_ids)
         except LayerserveError as err:
             self._fail(request_id, err, err, outbox, open_ids)
-            return
         except Exception as exc:
-            log.exception("tokenizing request %s failed", request_id)
+            log.exception("starting request %s failed", request_id)
             self._fail(request_id, LayerserveError("tokenization failed"), exc, outbox, open_ids)
-            return
-        events.tokenized(request_id, target, len(prompt_ids))
-        if request_id not in open_ids:
-            return  # aborted while tokenizing
+
+    def _hand_over(self, request, target, model, prompt_ids, link, outbox, open_ids) -> None:
+        """Submits the tokenized request to the scheduler `link` leads to; its outputs go to
+        the session's outbox as text."""
+        request_id = request.request_id
         stream = TextStream.create(
             model, prompt_ids, list(request.stop), request.skip_special_tokens
         )
@@ -271,9 +275,11 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             trace=request.trace,
             tenant=request.tenant,
         )
-        events.submitting(request_id, submit)
+        self._events.submitting(request_id, submit)
         tool_format = tool_format_of(self._tool_parser, model)
         tools = tool_call_parser(request.tool_call_parsing, tool_format)
+        # An empty prompt has no first token; the scheduler refuses it with a clear error.
+        wants_first = prompt_ids and _wants_prompt_logprobs(request)
         sink = OutputSink(
             request_id,
             target,
@@ -281,12 +287,14 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             outbox,
             open_ids,
             self._schedulers,
-            events,
+            self._events,
             tools,
             echo_text=model.decode(prompt_ids) if request.echo else None,
-            first_prompt_token=prompt_ids[0] if _wants_prompt_logprobs(request) else -1,
+            first_prompt_token=prompt_ids[0] if wants_first else -1,
         )
-        MigratingSink(submit, sink, self._schedulers, link, events, self._max_migrations).start()
+        MigratingSink(
+            submit, sink, self._schedulers, link, self._events, self._max_migrations
+        ).start()
 
     def _fail(
         self,

@@ -105,6 +105,21 @@ def test_tokenizer_refuses_a_duplicate_request_id_as_invalid(tokenizer_stub, fre
     assert len(finished) == 1 and finished[0].completion_tokens == 2
 
 
+def test_tokenizer_ends_an_echo_of_an_empty_prompt_with_an_error(
+    tokenizer_stub, free_blocks_at_start
+):
+    # Found by the fuzz above: the echo of an empty prompt asked for its first token's
+    # logprob, and the exception left the request (and so the session) open for ever.
+    empty = tokenizer_pb2.SessionRequest()
+    for request_id, kind in (("echo", {"echo": True}), ("embed", {"embed": True})):
+        request = empty.requests.add(request_id=request_id, model=MODEL, max_tokens=1, **kind)
+        request.sampling.prompt_logprobs = 1
+    outputs = _session(tokenizer_stub.Session, [empty])
+    errors = {o.request_id: o.error for o in outputs if o.finish_reason == _ERROR}
+    assert set(errors) == {"echo", "embed"}
+    assert all(e.code == 3 and "at least one token" in e.message for e in errors.values())
+
+
 SCHEDULER_SESSION = {
     "Submit.request_id": REQUEST_IDS,
     "Submit.model": MODEL_NAMES,
