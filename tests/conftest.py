@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from pathlib import Path
@@ -31,6 +32,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="how long tests/reliability/test_soak.py runs (default: LAYERSERVE_SOAK_SECONDS, "
         "else 60)",
     )
+
+
+@pytest.fixture(autouse=True)
+def _main_thread_event_loop() -> Iterator[None]:
+    """asyncio.run() ends by unsetting the thread's event loop, and grpc.aio channels and
+    servers built outside a coroutine (as several tests do) then fail with "There is no
+    current event loop": each test finds a loop set, whichever test ran before it."""
+    try:
+        asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -60,6 +60,8 @@ def test_two_ranks_generate_what_one_process_does(tiny_dir: Path) -> None:
         path=tiny_dir, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, kernels="torch"
     )
     expected = _generate(single)
+    # Pools other tests left in this process (grammar checks, JSON parsing) are not ranks.
+    before = set(multiprocessing.active_children())
     runner = start_tensor_parallel(_spec(tiny_dir, 2))
     try:
         assert (runner.tensor_parallel_size, runner.num_blocks) == (2, NUM_BLOCKS)
@@ -71,16 +73,17 @@ def test_two_ranks_generate_what_one_process_does(tiny_dir: Path) -> None:
         runner.close()
     assert actual == expected
     assert all(len(tokens) == MAX_NEW for tokens in actual.values())
-    assert multiprocessing.active_children() == []  # close() stopped rank 1
+    assert set(multiprocessing.active_children()) <= before  # close() stopped rank 1
 
 
 def test_heads_that_do_not_split_are_a_clear_error(tmp_path: Path) -> None:
     # SmolLM2-135M's shape: 9 attention heads, 3 KV heads (only config.json is read).
     config = {**CONFIG, "hidden_size": 72, "num_attention_heads": 9, "num_key_value_heads": 3}
     (tmp_path / "config.json").write_text(json.dumps(config))
+    before = set(multiprocessing.active_children())
     with pytest.raises(ValueError, match="tensor-parallel size 2 does not divide the model's 9"):
         start_tensor_parallel(_spec(tmp_path, 2))
-    assert multiprocessing.active_children() == []  # refused before starting any rank
+    assert set(multiprocessing.active_children()) <= before  # refused before starting any rank
     smollm = _config(num_heads=9, num_kv_heads=3, intermediate_size=1536)
     assert shard_config(smollm, 3).num_kv_heads == 1  # 3 ranks do split it
 
