@@ -69,8 +69,9 @@ def _parsed(
 
 
 def _chat_body(body: JsonObject) -> JsonObject:
+    # Sampling fields left out stay out: the serving model's recommended values apply to them
+    # (README "Model defaults"), as vLLM does, rather than Anthropic's own temperature 1.
     chat = {name: body[name] for name in _SHARED_FIELDS if name in body}
-    chat["temperature"] = body.get("temperature", 1.0)  # Anthropic's default, as OpenAI's
     if body.get("stop_sequences") is not None:
         chat["stop"] = body["stop_sequences"]
     chat["messages"] = _system(body.get("system")) + _messages(body.get("messages"))

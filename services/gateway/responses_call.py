@@ -81,6 +81,9 @@ async def _history(store: ResponseStore, previous_id: str | None, tenant: str) -
 def _echoed_fields(body: JsonObject, parsed: ParsedRequest, store: bool) -> JsonObject:
     """The request's settings as the response object repeats them."""
     sampling = parsed.requests[0].sampling
+    # A field the client left out gets the serving model's recommended value in the tokenizer
+    # (README "Model defaults"), which the gateway does not know: it is echoed as null.
+    unset = parsed.requests[0].sampling_unset
     user = get_str(body, "user")  # OpenAI's schema wants a string or nothing
     return {
         **({"user": user} if user is not None else {}),
@@ -89,8 +92,8 @@ def _echoed_fields(body: JsonObject, parsed: ParsedRequest, store: bool) -> Json
         "max_output_tokens": body.get("max_output_tokens"),
         "previous_response_id": body.get("previous_response_id"),
         "parallel_tool_calls": parsed.requests[0].parallel_tool_calls,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
+        "temperature": None if "temperature" in unset else sampling.temperature,
+        "top_p": None if "top_p" in unset else sampling.top_p,
         "tool_choice": body.get("tool_choice", "auto"),
         "tools": [_echoed_tool(tool) for tool in body.get("tools") or []],
         "text": {"format": get_object(body, "text").get("format") or {"type": "text"}},
