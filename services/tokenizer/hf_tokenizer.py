@@ -31,6 +31,10 @@ def load_hf_tokenizer(directory: str | Path) -> TextModel:
     if not tokenizer_file.is_file():
         raise FileNotFoundError(f"{directory} has no tokenizer.json")
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    # Some (BERT sentence-embedding) tokenizer.json files pad and truncate every encoding to a
+    # fixed length: a prompt is its own tokens, and one too long is refused, not cut.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
     config = _read_json(directory / "tokenizer_config.json")
     generation = _read_json(directory / "generation_config.json")
     return TextModel(

@@ -34,7 +34,9 @@ def build_runner(config: WorkerConfig) -> Runner:
         )
     import torch
 
+    from services.worker.engine.encoder_runner import EncoderRunner
     from services.worker.engine.model_runner import ModelRunner
+    from services.worker.model.registry import is_encoder
     from services.worker.thread_choice import usable_cpus, worker_threads
 
     threads = worker_threads(config.threads)
@@ -54,6 +56,17 @@ def build_runner(config: WorkerConfig) -> Runner:
     if config.tensor_parallel_size > 1:
         return _start_tensor_parallel(config, device)
     try:
+        if is_encoder(config.model_path):  # a sentence-embedding model: prefill only
+            return EncoderRunner.create(
+                config.model_path,
+                model_name=config.model_name,
+                dtype=config.dtype,
+                device=device,
+                block_size=config.block_size,
+                num_blocks=config.num_blocks,
+                max_model_len=config.max_model_len,
+                quantization=config.quantization,
+            )
         return ModelRunner.create(
             path=config.model_path,
             dtype=config.dtype,

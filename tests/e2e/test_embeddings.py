@@ -1,7 +1,7 @@
-"""POST /v1/embeddings and the gRPC Embed rpc on the real stack. No sentence-embedding model is
-served (none ships in a PyPI package with an architecture the worker loads), so these are the
-chat model's pooled hidden states: the tests check the contract (shapes, normalisation,
-determinism, batching, the SDKs), not retrieval quality."""
+"""POST /v1/embeddings and the gRPC Embed rpc on the real stack's chat model: its pooled hidden
+states, not trained for retrieval, so the tests check the contract (shapes, normalisation,
+determinism, batching, the SDKs). Retrieval quality, from a sentence-embedding model served
+beside it: test_sentence_embeddings.py."""
 
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from services.worker.model.bert import BertModel
+    from services.worker.model.bert_config import BertConfig
     from services.worker.model.config import LlamaConfig
     from services.worker.model.gemma3 import Gemma3Model
     from services.worker.model.llama import LlamaModel
@@ -16,7 +18,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     # Gemma 3's config subclasses LlamaConfig: the runner and the KV cache read shared fields.
-    config: LlamaConfig
-    model: LlamaModel | Gemma3Model  # the network registry.py chose from the checkpoint's metadata
+    # BERT's (an encoder, run by engine/encoder_runner.py) names alike the fields it shares.
+    config: LlamaConfig | BertConfig
+    model: LlamaModel | Gemma3Model | BertModel  # the network registry.py chose from its metadata
     fingerprint: str  # sha256 hex of headers, sizes and sampled weight bytes
     path: Path

