@@ -3,8 +3,9 @@
 Each input is a prompt-only request through the same stack as a completion: tokenized, batched
 by the scheduler with generation, its prefill computed by the worker, which pools the final
 hidden states (as the model says: the last position for a decoder, or the mean) and
-L2-normalises them; the one token the request then samples is dropped. `input` is a string, a
-list of strings, a list of token ids or a list of such lists, as OpenAI's API takes.
+L2-normalises them; the scheduler ends the request there, with the vector and no token, so only
+the prompt is counted and charged. `input` is a string, a list of strings, a list of token ids
+or a list of such lists, as OpenAI's API takes.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ def parse_embeddings_request(
         request = GenerationRequest(
             request_id=f"{response_id}-{i}",
             model=model,
-            max_tokens=MaxTokens(1),  # the token sampled after the prompt is dropped
-            sampling=SamplingOptions(),  # greedy: the cheapest draw
+            max_tokens=MaxTokens(1),  # the prompt's pass, which answers with no token
+            sampling=SamplingOptions(),
             embed=True,
             trace_context=dict(trace_context),
             max_prompt_tokens=limits.max_prompt_tokens,

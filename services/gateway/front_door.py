@@ -164,11 +164,12 @@ def _check_priority(key: ApiKey, requests: list[GenerationRequest]) -> None:
 
 def reservation(requests: list[GenerationRequest]) -> int:
     """What the request may cost at most: its prompt (estimated from everything the model will
-    read: it is not tokenized yet) plus every choice's max_tokens."""
+    read: it is not tokenized yet) plus every choice's max_tokens (an embedding generates none)."""
     if not requests:
         return 0
-    prompts = requests if requests[0].embed else requests[:1]  # embeddings: one per input
-    return sum(map(estimated_tokens, prompts)) + sum(r.max_tokens.limit for r in requests)
+    if requests[0].embed:  # one prompt per input
+        return sum(map(estimated_tokens, requests))
+    return estimated_tokens(requests[0]) + sum(r.max_tokens.limit for r in requests)
 
 
 class _MeteredBackend:

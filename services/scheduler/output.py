@@ -26,11 +26,13 @@ class Output:
     @classmethod
     def sampled(cls, request: Request, *samples: Sample) -> Output:
         """The request's tokens of one step: one, or several with speculative decoding; the
-        prompt's logprobs and embedding once (marked sent on the request)."""
+        prompt's logprobs and embedding once (marked sent on the request). An embedding's one
+        sample brings no token (result_applier.py)."""
+        tokens = samples if request.sampling.pooling is None else ()
         output = cls(
             request.request_id,
-            [sample.token_id for sample in samples],
-            [sample.logprob for sample in samples if sample.logprob is not None],
+            [sample.token_id for sample in tokens],
+            [sample.logprob for sample in tokens if sample.logprob is not None],
             request.num_prompt_tokens,
             request.num_cached_tokens,
             request.finish_reason,

@@ -149,8 +149,8 @@ class Request:
         by its placeholders): it needs no other step."""
         if not self.num_output_placeholders:
             return False
-        if self.num_outputs_coming >= self.max_tokens:
-            return True
+        if self.num_outputs_coming >= self.max_tokens or self.sampling.pooling is not None:
+            return True  # (an embedding ends with its prompt's pass: result_applier.py)
         return self.num_tokens + self.num_output_placeholders >= max_model_len
 
     @property

@@ -35,8 +35,8 @@ Finish = Callable[[Request, FinishReason, LayerserveError | None], None]
 @dataclass(slots=True)
 class RequestUpdate:
     """What one step's result did to a request: the tokens appended to its output (several
-    when proposals were accepted; request.finish_reason is set if one of them ended it), or
-    its failure (error)."""
+    when proposals were accepted; request.finish_reason is set if one of them ended it), its
+    failure (error), or for an embedding the one sample that ended it, which appended none."""
 
     request: Request
     samples: list[Sample]
@@ -115,6 +115,8 @@ class ResultApplier:
         if samples[0].error is not None:
             self.finish(request, FinishReason.ERROR, samples[0].error)
             return RequestUpdate(request, samples[:1])
+        if request.sampling.pooling is not None:
+            return self._pooled(request, samples[0])
         kept: list[Sample] = []
         reason = None
         for sample in samples:
@@ -134,6 +136,14 @@ class ResultApplier:
         if reason is not None:
             self.finish(request, reason, None)
         return RequestUpdate(request, kept)
+
+    def _pooled(self, request: Request, sample: Sample) -> RequestUpdate:
+        """An embedding ends once its prompt is computed, as vLLM's pooling requests do: the
+        sample brings its vector and no token (its token_id means nothing), so nothing is
+        generated, counted or charged but the prompt."""
+        self.events.first_token(request)  # the prompt's pass is back: its tokens count
+        self.finish(request, FinishReason.STOP, None)
+        return RequestUpdate(request, [sample])
 
 
 def _scheduled(request: Request) -> Scheduled:

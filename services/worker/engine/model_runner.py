@@ -271,19 +271,22 @@ class ModelRunner:
         for item in scheduled:
             item.state.num_computed += item.num_new
         # Logits only where a token is due: the last row of each sequence that is caught up.
-        ready = [
+        caught_up = [
             (i, item.state)
             for i, item in enumerate(scheduled)
             if item.state.num_computed == len(item.state.token_ids)
         ]
+        # An embedding ends with its prompt: its vector goes back, and no token is sampled.
+        pooled = [_pooled(state) for _, state in caught_up if state.sampling.pooling is not None]
+        ready = [(i, state) for i, state in caught_up if state.sampling.pooling is None]
         if not ready:
-            return []
+            return pooled
         drafted = [item for item in scheduled if item.num_drafts]
         if drafted:
-            return self._sample_with_drafts(hidden, last_rows, scheduled)
+            return pooled + self._sample_with_drafts(hidden, last_rows, scheduled)
         rows = last_rows[torch.tensor([i for i, _ in ready], device=self._device)]
         logits = self._model.compute_logits(hidden[rows])  # [N, V] float32
-        return self._sample(logits, [state for _, state in ready])
+        return pooled + self._sample(logits, [state for _, state in ready])
 
     def _sample_with_drafts(
         self, hidden: torch.Tensor, last_rows: torch.Tensor, scheduled: list[_Scheduled]
@@ -292,7 +295,11 @@ class ModelRunner:
         sequences without proposals and the 1 + d last rows of each with d; the proposals are
         kept while the sampler picks them itself."""
         caught_up = [item.state.num_computed == len(item.state.token_ids) for item in scheduled]
-        plain = [i for i, item in enumerate(scheduled) if caught_up[i] and not item.num_drafts]
+        plain = [
+            i
+            for i, item in enumerate(scheduled)
+            if caught_up[i] and not item.num_drafts and item.state.sampling.pooling is None
+        ]
         drafted = [(i, item.num_drafts) for i, item in enumerate(scheduled) if item.num_drafts]
         logits = self._model.compute_logits(hidden[logit_rows(last_rows, plain, drafted)])
         results = (
@@ -356,6 +363,13 @@ class ModelRunner:
             )
             state.prompt_logprobs, state.embedding = [], None  # sent with this first token
         return results
+
+
+def _pooled(state: SequenceState) -> Sampled:
+    """An embedding request's answer: token_id means nothing (the scheduler ends the request
+    with the embedding and no token), and none joins the sequence."""
+    embedding, state.embedding = state.embedding, None
+    return Sampled(state.request_id, 0, embedding=embedding)
 
 
 def _is_graphable(graphs: DecodeGraphs, scheduled: list[_Scheduled]) -> bool:

@@ -55,6 +55,7 @@ class Sampled:
     # token_id means nothing and the scheduler ends the request with this error.
     error: LayerserveError | None = None
     # With a sequence's first token: its prompt tokens' logprobs (token, logprob, top), when it
-    # asked for them, and its prompt's embedding, when it asked for one.
+    # asked for them, and its prompt's embedding, when it asked for one. An embedding request
+    # samples no token: its one Sampled carries the embedding, and token_id means nothing.
     prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     embedding: list[float] | None = None
