@@ -109,6 +109,11 @@ def _echoed_fields(body: JsonObject, parsed: ParsedRequest, store: bool) -> Json
 
 
 def _echoed_tool(tool: JsonObject) -> JsonObject:
+    if tool.get("type") == "custom":
+        keys = ("type", "name", "description", "format")
+        return {key: tool[key] for key in keys if key in tool}
+    if tool.get("type") != "function":
+        return dict(tool)  # a built-in tool, as given (it is not offered to the model)
     return {
         "type": "function",
         "name": tool["name"],

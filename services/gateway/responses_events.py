@@ -1,7 +1,8 @@
 """GenerationDeltas -> the Responses API's `response` object and its typed stream events.
 
 One state machine serves both: each delta opens, fills and closes output items (a `message`
-with one `output_text` part, or a `function_call`), and every step is an event
+with one `output_text` part, a `function_call`, or a `custom_tool_call` for a call of a custom
+tool, whose text is its function's `input` argument), and every step is an event
 (`response.output_item.added`, `response.output_text.delta`, ...). A stream writes the events;
 the whole object is what the same steps leave behind, so both ways answer alike. Every event
 carries `sequence_number`, counted from 0 at `response.created`.
@@ -17,6 +18,7 @@ from services.common.errors import LayerserveError, ResourceExhausted
 from services.gateway.backend import GenerationDelta, ToolCall
 from services.gateway.http_json import error_payload, named_sse_event
 from services.gateway.openai_responses import UsageTally
+from services.gateway.responses_tools import custom_arguments, custom_input
 
 JsonObject = dict[str, Any]
 
@@ -34,6 +36,7 @@ class ResponsesRenderer:
         self._fields = fields
         self._created = int(time.time()) if created is None else created
         self._model = fields["model"]
+        self._custom = {tool["name"] for tool in fields["tools"] if tool["type"] == "custom"}
         self._output: list[JsonObject] = []
         self._message: JsonObject | None = None  # the message item being written, if any
         self._usage = UsageTally(1)
@@ -101,7 +104,10 @@ class ResponsesRenderer:
             events += self._text(delta.text)
         for call in delta.tool_calls:
             events += self._close_message()
-            events += self._function_call(call)
+            if call.name in self._custom:
+                events += self._custom_call(call)
+            else:
+                events += self._function_call(call)
         if delta.finish_reason is not None:
             if not self._output and self._message is None:
                 events += self._open_message()  # nothing said: still one (empty) message
@@ -183,6 +189,28 @@ class ResponsesRenderer:
             self._event("response.output_item.done", output_index=index, item=_copy(item)),
         ]
 
+    def _custom_call(self, call: ToolCall) -> list[JsonObject]:
+        text = custom_input(call.arguments)
+        item = {
+            "id": item_id("ctc"),
+            "type": "custom_tool_call",
+            "status": "in_progress",
+            "call_id": call.id,
+            "name": call.name,
+            "input": "",
+        }
+        index = len(self._output)
+        place = {"item_id": item["id"], "output_index": index}
+        added = self._event("response.output_item.added", output_index=index, item=_copy(item))
+        item.update(input=text, status="completed")
+        self._output.append(item)
+        return [
+            added,
+            self._event("response.custom_tool_call_input.delta", **place, delta=text),
+            self._event("response.custom_tool_call_input.done", **place, input=text),
+            self._event("response.output_item.done", output_index=index, item=_copy(item)),
+        ]
+
     def _part_place(self) -> JsonObject:
         assert self._message is not None
         index = len(self._output)  # the open message is the next output item
@@ -203,15 +231,21 @@ def assistant_turn(output: list[JsonObject]) -> JsonObject:
         {
             "id": item["call_id"],
             "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]},
+            "function": {"name": item["name"], "arguments": _arguments(item)},
         }
         for item in output
-        if item["type"] == "function_call"
+        if item["type"] in ("function_call", "custom_tool_call")
     ]
     turn: JsonObject = {"role": "assistant", "content": text or None}
     if calls:
         turn["tool_calls"] = calls
     return turn
+
+
+def _arguments(call: JsonObject) -> str:
+    if call["type"] == "custom_tool_call":
+        return custom_arguments(call["input"])
+    return call["arguments"]
 
 
 def _usage(counts: JsonObject) -> JsonObject:

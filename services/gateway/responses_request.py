@@ -1,8 +1,9 @@
 """A Responses API request body (POST /v1/responses) -> the chat completions body it means.
 
 The Responses API is chat completions with other spellings: `input` items are messages (a
-`function_call` item is an assistant turn's tool call, a `function_call_output` item a tool
-turn), `instructions` a system message, `tools` are flat, `text.format` is `response_format`,
+`function_call` or `custom_tool_call` item is an assistant turn's tool call, its `..._output`
+item a tool turn), `instructions` a system message, `tools` are flat (responses_tools.py),
+`text.format` is `response_format`,
 `max_output_tokens` is `max_completion_tokens`. Translating the body lets the chat parser and
 the one validator do every check and build the GenerationRequest, so sampling, tools and
 structured outputs behave exactly as on /v1/chat/completions. Only the Responses API's own
@@ -14,11 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from services.common.errors import InvalidArgument
-from services.gateway.flat_tools import chat_tools
 from services.gateway.log_text import excerpt
 from services.gateway.openai_fields import JsonObject
-
-_TOOLS_SERVED = "function tools (type 'function')"
+from services.gateway.responses_tools import custom_arguments, responses_chat_tools
 
 # Sampling fields that mean the same in both APIs (the last four are vLLM's extensions).
 _SHARED_FIELDS = (
@@ -54,7 +53,7 @@ def chat_body(body: JsonObject, history: list[JsonObject]) -> JsonObject:
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
     if body.get("tools") is not None:
-        chat["tools"] = chat_tools(body["tools"], "function", "parameters", _TOOLS_SERVED)
+        chat["tools"] = responses_chat_tools(body["tools"])
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     text_format = _text_format(body.get("text"))
@@ -81,29 +80,31 @@ def _add_item(messages: list[JsonObject], item: JsonObject, param: str) -> None:
     kind = item.get("type", "message")
     if kind == "message":
         messages.append(_message(item, param))
-    elif kind == "function_call":
+    elif kind in ("function_call", "custom_tool_call"):
+        arguments = (
+            _string(item, "arguments", param)
+            if kind == "function_call"
+            else custom_arguments(_string(item, "input", param))
+        )
         call = {
             "id": _string(item, "call_id", param),
             "type": "function",
-            "function": {
-                "name": _string(item, "name", param),
-                "arguments": _string(item, "arguments", param),
-            },
+            "function": {"name": _string(item, "name", param), "arguments": arguments},
         }
         last = messages[-1] if messages else None
         if last is not None and last["role"] == "assistant":
             last.setdefault("tool_calls", []).append(call)  # the turn's text and its calls
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-    elif kind == "function_call_output":
+    elif kind in ("function_call_output", "custom_tool_call_output"):
         output = item.get("output")
         content = output if isinstance(output, str) else _parts_text(output, f"{param}.output")
         call_id = _string(item, "call_id", param)
         messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
     elif kind != "reasoning":  # a reasoning model's summary: nothing this model can read
         raise InvalidArgument(
-            f"{param}.type {excerpt(str(kind))} is not supported "
-            "(message, function_call, function_call_output)",
+            f"{param}.type {excerpt(str(kind))} is not supported (message, function_call, "
+            "function_call_output, custom_tool_call, custom_tool_call_output)",
             param=f"{param}.type",
         )
 
@@ -138,12 +139,12 @@ def _parts_text(parts: Any, param: str) -> str:
 def _tool_choice(value: Any) -> Any:
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and value.get("type") == "function":
+    if isinstance(value, dict) and value.get("type") in ("function", "custom"):
         return {"type": "function", "function": {"name": value.get("name")}}
     if isinstance(value, dict) and value.get("type") == "allowed_tools":
         raise InvalidArgument("tool_choice allowed_tools is not supported", param="tool_choice")
     raise InvalidArgument(
-        'tool_choice must be none, auto, required or {"type": "function", "name": ...}',
+        'tool_choice must be none, auto, required or {"type": "function" or "custom", "name": ...}',
         param="tool_choice",
     )
 

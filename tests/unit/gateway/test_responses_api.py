@@ -183,7 +183,7 @@ async def test_max_output_tokens_ends_incomplete(scripted, sdk) -> None:
             "input[0].content[0].type",
         ),
         ({"model": MODEL, "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
-        ({"model": MODEL, "input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"model": MODEL, "input": "hi", "tools": [{"type": "functoin"}]}, "tools[0].type"),
         ({"model": MODEL, "input": "hi", "text": {"format": {"type": "xml"}}}, "text.format.type"),
         ({"model": MODEL, "input": "hi", "background": True}, "background"),
         ({"model": MODEL, "input": "hi", "temperature": 9}, "temperature"),
