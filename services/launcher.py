@@ -1,8 +1,9 @@
 """`make run`: start the four services as separate processes, wait until each is ready, start
 again any that exits (services/launcher_supervisor.py), and stop them all on Ctrl-C or
 SIGTERM. Internal calls carry a token generated for the run (services/common/internal_auth.py)
-unless LAYERSERVE_INTERNAL_TOKEN(_FILE) gives one. One model by default; several, with
-replicas and aliases, from a config file (`--config FILE`, see services/stack_file.py).
+unless LAYERSERVE_INTERNAL_TOKEN(_FILE) gives one. By default the chat model and, when
+installed, a sentence-embedding model beside it (services/launcher_embedding.py); any models,
+with replicas and aliases, from a config file (`--config FILE`, see services/stack_file.py).
 `layerserve doctor` checks the platform instead (services/worker/serving/doctor.py);
 `layerserve bench` runs the benchmarks (benchmarks/cli.py).
 """
@@ -21,9 +22,10 @@ from typing import NoReturn
 from services.common.env import PREFIX, env_int, env_str
 from services.common.internal_auth import new_token
 from services.common.settings import SettingError, exit_for_setting
+from services.launcher_embedding import AUTO, choose_embedding_model
 from services.launcher_supervisor import Supervisor
 from services.stack import Stack, StackConfig
-from services.stack_file import read_stack_file
+from services.stack_file import ModelSpec, read_stack_file
 
 log = logging.getLogger("layerserve")
 
@@ -73,6 +75,13 @@ def parse_args(argv: list[str] | None = None) -> StackConfig:
     p.add_argument(
         "--model-path", help="a .gguf file or a Llama checkpoint directory (default: SmolLM2-135M)"
     )
+    p.add_argument(
+        "--embedding-model",
+        metavar="auto|off|DIR",
+        help="a sentence-embedding model served beside the chat model, one more worker "
+        "(LAYERSERVE_EMBEDDING_MODEL; default auto: all-minilm-l6-v2 when installed, unless "
+        "--model-path or --null-worker)",
+    )
     p.add_argument("--null-worker", action="store_true", help="workers without a model")
     p.add_argument(
         "--metrics-port-base",
@@ -95,8 +104,8 @@ def parse_args(argv: list[str] | None = None) -> StackConfig:
         null_worker=a.null_worker,
     )
     if a.config:
-        if a.workers is not None or a.model_name or a.model_path:
-            p.error("--config takes the models from the file: drop --workers/--model-*")
+        if a.workers is not None or a.model_name or a.model_path or a.embedding_model:
+            p.error("--config takes the models from the file: drop --workers/--*model*")
         try:
             file = read_stack_file(a.config)
         except (OSError, ValueError) as err:
@@ -108,7 +117,11 @@ def parse_args(argv: list[str] | None = None) -> StackConfig:
     else:
         config.model_name = a.model_name or env_str("MODEL_NAME", "smollm2-135m-instruct")
         config.model_path = a.model_path or env_str("MODEL_PATH", "") or None
-        num_workers = a.workers or 1
+        try:
+            config.models = _with_embedding_model(a, config)
+        except ValueError as err:
+            p.error(str(err))
+        num_workers = (a.workers or 1) + max(0, len(config.models) - 1)
     config.worker_ports = tuple(base + 1 + n + i for i in range(num_workers))
     if a.metrics_port_base:
         metrics = a.metrics_port_base
@@ -116,6 +129,21 @@ def parse_args(argv: list[str] | None = None) -> StackConfig:
         config.metrics_ports |= {s: metrics + 1 + k for k, s in enumerate(config.scheduler_names())}
         config.metrics_ports |= {f"worker{i}": metrics + 1 + n + i for i in range(num_workers)}
     return config
+
+
+def _with_embedding_model(a: argparse.Namespace, config: StackConfig) -> tuple[ModelSpec, ...]:
+    """The chat model and the embedding model beside it, or () for the chat model alone (the
+    StackConfig of one model, as before issue 30)."""
+    choice = a.embedding_model or env_str("EMBEDDING_MODEL", AUTO)
+    embedding = choose_embedding_model(choice, config.model_path, a.null_worker)
+    if embedding.note:
+        log.info("%s", embedding.note)
+    if embedding.spec is None:
+        return ()
+    if embedding.spec.name == config.model_name:
+        raise ValueError(f"the chat and embedding models are both named {config.model_name}")
+    chat = ModelSpec(config.model_name, config.model_path, a.workers or 1)
+    return (chat, embedding.spec)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -52,6 +52,12 @@ def tokenize(model: TextModel, msg, tool_parser: str = "auto") -> list[int]:
     tool_parser (--tool-parser) names how the model's family is told about tools."""
     which = msg.WhichOneof("input")
     if which == "chat":
+        if model.chat_template is None:  # named as served, not as its file or folder is
+            raise InvalidArgument(
+                f"model {msg.model!r} has no chat template: a base model takes a prompt "
+                "(/v1/completions), a sentence-embedding model text to /v1/embeddings",
+                param="messages",
+            )
         tools = chat_tools(msg) if isinstance(msg, tokenizer_pb2.GenerateRequest) else []
         return model.encode_chat(
             chat_messages(msg.chat),

@@ -136,7 +136,10 @@ class TextModel:
         """InvalidArgument naming the first id outside the vocabulary (O(n), no decoding)."""
         if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
             bad = next(i for i in ids if not 0 <= i < self.vocab_size)
-            raise InvalidArgument(f"token id {bad} is outside the vocabulary of {self.name!r}")
+            # Not named: self.name is the file's or folder's, not the served name.
+            raise InvalidArgument(
+                f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+            )
 
     def _token_string(self, token_id: int | None) -> str:
         """What a template sees as bos_token/eos_token: the token's spelling, or ""."""

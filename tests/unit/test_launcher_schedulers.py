@@ -10,9 +10,13 @@ import pytest
 from services.launcher import parse_args
 from services.stack import Stack
 
+CHAT_ONLY = ["--embedding-model", "off"]  # the chat model's workers alone
+
 
 def test_schedulers_get_ports_and_workers_spread_among_them() -> None:
-    config = parse_args(["--schedulers", "3", "--workers", "4", "--internal-port-base", "51000"])
+    config = parse_args(
+        ["--schedulers", "3", "--workers", "4", "--internal-port-base", "51000", *CHAT_ONLY]
+    )
     assert config.scheduler_ports == (51001, 51002, 51003)
     assert config.worker_ports == (51004, 51005, 51006, 51007)
     assert config.scheduler_names() == ["scheduler0", "scheduler1", "scheduler2"]
@@ -27,7 +31,7 @@ def test_schedulers_get_ports_and_workers_spread_among_them() -> None:
 
 
 def test_one_scheduler_keeps_the_old_layout() -> None:
-    config = parse_args(["--workers", "2", "--internal-port-base", "51000"])
+    config = parse_args(["--workers", "2", "--internal-port-base", "51000", *CHAT_ONLY])
     assert config.scheduler_ports == (51001,)
     assert config.worker_ports == (51002, 51003)
     assert config.scheduler_names() == ["scheduler"]

@@ -44,7 +44,7 @@ worker_args = ["--num-blocks", "64"]
 
 
 def test_without_config_one_model_as_before() -> None:
-    config = parse_args(["--workers", "2", "--model-name", "m"])
+    config = parse_args(["--workers", "2", "--model-name", "m", "--embedding-model", "off"])
     assert [(s.name, p) for s, p in config.placements()] == [("m", 50061), ("m", 50062)]
 
 
