@@ -18,7 +18,13 @@ from services.common.errors import LayerserveError, ResourceExhausted
 from services.gateway.backend import GenerationDelta, ToolCall
 from services.gateway.http_json import error_payload, named_sse_event
 from services.gateway.openai_responses import UsageTally
-from services.gateway.responses_tools import custom_arguments, custom_input
+from services.gateway.responses_tools import (
+    ToolName,
+    custom_arguments,
+    custom_input,
+    flat_name,
+    tool_names,
+)
 
 JsonObject = dict[str, Any]
 
@@ -36,7 +42,7 @@ class ResponsesRenderer:
         self._fields = fields
         self._created = int(time.time()) if created is None else created
         self._model = fields["model"]
-        self._custom = {tool["name"] for tool in fields["tools"] if tool["type"] == "custom"}
+        self._tool_names = tool_names(fields["tools"])  # the custom and namespaced ones
         self._output: list[JsonObject] = []
         self._message: JsonObject | None = None  # the message item being written, if any
         self._usage = UsageTally(1)
@@ -104,10 +110,10 @@ class ResponsesRenderer:
             events += self._text(delta.text)
         for call in delta.tool_calls:
             events += self._close_message()
-            if call.name in self._custom:
-                events += self._custom_call(call)
-            else:
-                events += self._function_call(call)
+            named = self._tool_names.get(call.name, ToolName(call.name))
+            events += (
+                self._custom_call(call, named) if named.custom else self._function_call(call, named)
+            )
         if delta.finish_reason is not None:
             if not self._output and self._message is None:
                 events += self._open_message()  # nothing said: still one (empty) message
@@ -163,13 +169,13 @@ class ResponsesRenderer:
             ),
         ]
 
-    def _function_call(self, call: ToolCall) -> list[JsonObject]:
+    def _function_call(self, call: ToolCall, named: ToolName) -> list[JsonObject]:
         item = {
             "id": item_id("fc"),
             "type": "function_call",
             "status": "in_progress",
             "call_id": call.id,
-            "name": call.name,
+            **_name(named),
             "arguments": "",
         }
         index = len(self._output)
@@ -183,20 +189,20 @@ class ResponsesRenderer:
             self._event(
                 "response.function_call_arguments.done",
                 **place,
-                name=call.name,
+                name=named.name,
                 arguments=call.arguments,
             ),
             self._event("response.output_item.done", output_index=index, item=_copy(item)),
         ]
 
-    def _custom_call(self, call: ToolCall) -> list[JsonObject]:
+    def _custom_call(self, call: ToolCall, named: ToolName) -> list[JsonObject]:
         text = custom_input(call.arguments)
         item = {
             "id": item_id("ctc"),
             "type": "custom_tool_call",
             "status": "in_progress",
             "call_id": call.id,
-            "name": call.name,
+            **_name(named),
             "input": "",
         }
         index = len(self._output)
@@ -231,7 +237,10 @@ def assistant_turn(output: list[JsonObject]) -> JsonObject:
         {
             "id": item["call_id"],
             "type": "function",
-            "function": {"name": item["name"], "arguments": _arguments(item)},
+            "function": {
+                "name": flat_name(item.get("namespace"), item["name"]),
+                "arguments": _arguments(item),
+            },
         }
         for item in output
         if item["type"] in ("function_call", "custom_tool_call")
@@ -240,6 +249,11 @@ def assistant_turn(output: list[JsonObject]) -> JsonObject:
     if calls:
         turn["tool_calls"] = calls
     return turn
+
+
+def _name(named: ToolName) -> JsonObject:
+    """A call item's name, and its namespace when it has one."""
+    return {"name": named.name, **({"namespace": named.namespace} if named.namespace else {})}
 
 
 def _arguments(call: JsonObject) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from services.common.errors import InvalidArgument
 from services.gateway.log_text import excerpt
 from services.gateway.openai_fields import JsonObject
-from services.gateway.responses_tools import custom_arguments, responses_chat_tools
+from services.gateway.responses_tools import custom_arguments, flat_name, responses_chat_tools
 
 # Sampling fields that mean the same in both APIs (the last four are vLLM's extensions).
 _SHARED_FIELDS = (
@@ -81,16 +81,7 @@ def _add_item(messages: list[JsonObject], item: JsonObject, param: str) -> None:
     if kind == "message":
         messages.append(_message(item, param))
     elif kind in ("function_call", "custom_tool_call"):
-        arguments = (
-            _string(item, "arguments", param)
-            if kind == "function_call"
-            else custom_arguments(_string(item, "input", param))
-        )
-        call = {
-            "id": _string(item, "call_id", param),
-            "type": "function",
-            "function": {"name": _string(item, "name", param), "arguments": arguments},
-        }
+        call = _tool_call(item, param)
         last = messages[-1] if messages else None
         if last is not None and last["role"] == "assistant":
             last.setdefault("tool_calls", []).append(call)  # the turn's text and its calls
@@ -107,6 +98,26 @@ def _add_item(messages: list[JsonObject], item: JsonObject, param: str) -> None:
             "function_call_output, custom_tool_call, custom_tool_call_output)",
             param=f"{param}.type",
         )
+
+
+def _tool_call(item: JsonObject, param: str) -> JsonObject:
+    """A function_call or custom_tool_call item as a chat tool call (a custom tool's text is
+    its function's `input`; a namespaced tool's name is namespace__name)."""
+    if item.get("type") == "function_call":
+        arguments = _string(item, "arguments", param)
+    else:
+        arguments = custom_arguments(_string(item, "input", param))
+    namespace = item.get("namespace")
+    if namespace is not None and not isinstance(namespace, str):
+        raise InvalidArgument(f"{param}.namespace must be a string", param=f"{param}.namespace")
+    return {
+        "id": _string(item, "call_id", param),
+        "type": "function",
+        "function": {
+            "name": flat_name(namespace, _string(item, "name", param)),
+            "arguments": arguments,
+        },
+    }
 
 
 def _message(item: JsonObject, param: str) -> JsonObject:

@@ -5,6 +5,8 @@
   argument, `input`: the model writes {"input": "..."}, and the response hands the client the
   text alone, as a `custom_tool_call` (responses_events.py). A `format` grammar (lark or regex)
   is shown to the model in the tool's description, not enforced.
+* `namespace` tools (Codex's MCP servers) offer each of their function and custom tools as a
+  function named namespace__name (vLLM's spelling); a call names the tool and its namespace.
 * OpenAI's built-in tools (web search, file search, code interpreter, image generation, MCP,
   computer use, local shell, ...) run on OpenAI's side or need a model trained for them: this
   server has none, so they are not offered to the model, as vLLM does. A request that names one
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from services.common.errors import InvalidArgument
@@ -23,6 +26,7 @@ from services.gateway.log_text import excerpt
 from services.gateway.openai_fields import JsonObject
 
 _SERVED = "function and custom tools"
+_NAMESPACE_SEPARATOR = "__"
 # The one argument of a custom tool's function.
 CUSTOM_INPUT = {
     "type": "object",
@@ -51,6 +55,15 @@ BUILT_IN = frozenset(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class ToolName:
+    """A tool as the client named it, behind the flat function name the model calls."""
+
+    name: str
+    namespace: str | None = None
+    custom: bool = False  # its calls are custom_tool_call items with text input
+
+
 def responses_chat_tools(value: Any) -> list[JsonObject]:
     """The chat tools of a Responses request's `tools`."""
     if not isinstance(value, list):
@@ -60,16 +73,61 @@ def responses_chat_tools(value: Any) -> list[JsonObject]:
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind in BUILT_IN:
             continue
-        if kind == "custom":
-            tool = _as_function(tool, f"tools[{i}]")
-        elif kind != "function":
+        if kind == "namespace":
+            tools += _namespace(tool, f"tools[{i}]")
+        elif kind in ("function", "custom"):
+            tools.append(_chat_tool(tool, f"tools[{i}]"))
+        else:
             raise InvalidArgument(
-                f"tools[{i}]: tool type {excerpt(str(kind))} is not supported (only {_SERVED}; "
+                f"tools[{i}]: tool type {excerpt(str(kind))} is not supported (function, custom, "
+                "namespace; "
                 "OpenAI's built-in tools are not offered to the model)",
                 param=f"tools[{i}].type",
             )
-        tools += chat_tools([tool], "function", "parameters", _SERVED)
     return tools
+
+
+def tool_names(tools: list[JsonObject]) -> dict[str, ToolName]:
+    """The flat function names the model calls (a namespaced tool's is namespace__name), for
+    the tools that are not plain functions: how a call is given back to the client."""
+    names: dict[str, ToolName] = {}
+    for tool in tools:
+        if tool.get("type") == "custom":
+            names[tool["name"]] = ToolName(tool["name"], custom=True)
+        elif tool.get("type") == "namespace":
+            for child in tool.get("tools") or []:
+                custom = child.get("type") == "custom"
+                flat = flat_name(tool["name"], child["name"])
+                names[flat] = ToolName(child["name"], tool["name"], custom)
+    return names
+
+
+def flat_name(namespace: str | None, name: str) -> str:
+    """The function name a namespaced tool is offered as (vLLM's spelling)."""
+    return f"{namespace}{_NAMESPACE_SEPARATOR}{name}" if namespace else name
+
+
+def _namespace(tool: JsonObject, param: str) -> list[JsonObject]:
+    """A namespace's function and custom tools, each named namespace__name."""
+    namespace, children = tool.get("name"), tool.get("tools")
+    if not isinstance(namespace, str) or not isinstance(children, list) or not children:
+        raise InvalidArgument(f"{param} must have a name and a non-empty tools array", param=param)
+    tools = []
+    for j, child in enumerate(children):
+        where = f"{param}.tools[{j}]"
+        if not isinstance(child, dict) or child.get("type") not in ("function", "custom"):
+            raise InvalidArgument(f"{where}: only {_SERVED} are supported", param=f"{where}.type")
+        if not isinstance(child.get("name"), str):
+            raise InvalidArgument(f"{where}.name must be a string", param=f"{where}.name")
+        tools.append(_chat_tool({**child, "name": flat_name(namespace, child["name"])}, where))
+    return tools
+
+
+def _chat_tool(tool: JsonObject, param: str) -> JsonObject:
+    if tool["type"] == "custom":
+        tool = _as_function(tool, param)
+    (chat_tool,) = chat_tools([tool], "function", "parameters", _SERVED)
+    return chat_tool
 
 
 def _as_function(tool: JsonObject, param: str) -> JsonObject:

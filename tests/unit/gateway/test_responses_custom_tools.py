@@ -100,3 +100,30 @@ async def test_an_unknown_tool_type_is_refused_by_name(http) -> None:
     assert raw.status == 400
     error = (await raw.json())["error"]
     assert error["param"] == "tools[1].type" and "'teleport'" in error["message"]
+
+
+async def test_a_namespaced_tool_is_called_by_its_name_and_namespace(scripted, sdk) -> None:
+    """Codex sends an MCP server's tools as a namespace: each is offered as namespace__name,
+    and its call names the tool and its namespace, as OpenAI's API does."""
+    docs = {
+        "type": "namespace",
+        "name": "docs",
+        "description": "The project's documentation server.",
+        "tools": [{**SHELL, "name": "search"}, {**APPLY_PATCH, "name": "edit"}],
+    }
+    search = ToolCall(id="call_3", name="docs__search", arguments='{"command": "ls"}')
+    edit = ToolCall(id="call_4", name="docs__edit", arguments=json.dumps({"input": PATCH}))
+    scripted.scripts = [[search, edit]]
+    raw = await sdk.responses.with_raw_response.create(model=MODEL, input="hi", tools=[docs])
+    validate(raw.http_response.json(), "Response")
+    first = raw.parse()
+    assert [t.name for t in scripted.requests[0].tools] == ["docs__search", "docs__edit"]
+    called = [(item.type, item.namespace, item.name) for item in first.output]
+    assert called == [("function_call", "docs", "search"), ("custom_tool_call", "docs", "edit")]
+    outputs = [
+        {"type": "function_call_output", "call_id": "call_3", "output": "README.md"},
+        {"type": "custom_tool_call_output", "call_id": "call_4", "output": "Done!"},
+    ]
+    await sdk.responses.create(model=MODEL, input=outputs, previous_response_id=first.id)
+    (turn,) = [m for m in scripted.requests[1].messages if m.tool_calls]
+    assert [c.name for c in turn.tool_calls] == ["docs__search", "docs__edit"]
