@@ -71,13 +71,15 @@ def module_of(command: list[str]) -> str | None:
     return None
 
 
-def service_config(compose: dict, name: str) -> Any:
+def service_config(compose: dict, name: str, kind: str | None = None) -> Any:
     """The service's own config object, parsed by its real parser from the command and the
-    environment that compose gives the container."""
+    environment that compose gives the container. `kind`: which of LAYERSERVE_SERVICES it runs
+    when its compose name is another (worker-embedding is a worker)."""
+    kind = kind or name
     service = compose["services"][name]
-    module_name, cls_name = CONFIG_CLASSES[name].split(":")
+    module_name, cls_name = CONFIG_CLASSES[kind].split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
-    assert module_of(service["command"]) == f"services.{name}", service["command"]
+    assert module_of(service["command"]) == f"services.{kind}", service["command"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAYERSERVE_")}
     env.update({k: v or "" for k, v in (service.get("environment") or {}).items()})
     with mock.patch.dict(os.environ, env, clear=True):

@@ -30,6 +30,8 @@ from tests.unit.compose_files import (
 )
 
 SERVICES = {*LAYERSERVE_SERVICES, "internal-token", "redis", "jaeger", "prometheus", "grafana"}
+SERVICES.add("worker-embedding")  # all-MiniLM-L6-v2 beside the chat model (issue 30)
+MINILM = ("all-minilm-l6-v2", "/opt/venv/models/all-minilm-l6-v2")
 TOKEN_DIR = "/var/lib/layerserve/secrets"
 DOCKERFILES = ("docker/Dockerfile", "docker/Dockerfile.cuda")
 GPU_RESERVATION = {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
@@ -76,6 +78,28 @@ def test_cpu_variant_runs_the_worker_on_the_cpu_image_without_a_gpu(gpu, cpu) ->
 
 
 @pytest.mark.parametrize("variant", ["gpu", "cpu"])
+def test_the_embedding_worker_serves_minilm_from_the_image_on_the_cpu(variant, request) -> None:
+    compose = request.getfixturevalue(variant)
+    worker = service_config(compose, "worker-embedding", "worker")
+    assert (worker.model_name, worker.model_path) == MINILM
+    assert (worker.device, worker.dtype, worker.host) == ("cpu", "float32", "0.0.0.0")
+    service = compose["services"]["worker-embedding"]
+    assert service["image"] == "layerserve:cpu" and not service.get("deploy")
+    assert service["healthcheck"]["test"][4] == f"127.0.0.1:{worker.port}"
+    assert service["environment"]["LAYERSERVE_INTERNAL_TOKEN_FILE"] == f"{TOKEN_DIR}/internal-token"
+    # The images link the checkpoint there (docker/Dockerfile*), as `make install` does.
+    for dockerfile in DOCKERFILES:
+        runs = [" ".join(args) for args in _instructions(dockerfile, "RUN")]
+        link = (
+            "python -m services.worker.model.packaged all-minilm-l6-v2 --cache-dir /opt/venv/models"
+        )
+        assert link in runs, dockerfile
+    # The stack is not healthy, so not served, before the encoder is.
+    depends = compose["services"]["scheduler"]["depends_on"]["worker-embedding"]
+    assert depends["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize("variant", ["gpu", "cpu"])
 def test_each_service_starts_once_the_one_it_calls_is_healthy(variant, request) -> None:
     services = request.getfixturevalue(variant)["services"]
     for name, callee in [
@@ -95,7 +119,11 @@ def test_services_accept_their_configuration_and_find_each_other(variant, reques
     c = {name: service_config(compose, name) for name in LAYERSERVE_SERVICES}
     # Reachable from the other containers, not only on the container's loopback.
     assert {c[name].host for name in LAYERSERVE_SERVICES} == {"0.0.0.0"}
-    assert c["scheduler"].workers == (f"worker:{c['worker'].port}",)
+    embedding = service_config(compose, "worker-embedding", "worker")
+    assert c["scheduler"].workers == (
+        f"worker:{c['worker'].port}",
+        f"worker-embedding:{embedding.port}",
+    )
     assert c["tokenizer"].scheduler == f"scheduler:{c['scheduler'].port}"
     assert c["gateway"].tokenizer == f"tokenizer:{c['tokenizer'].port}"
     assert c["scheduler"].redis_url == c["gateway"].redis_url == "redis://redis:6379/0"
@@ -145,13 +173,13 @@ def test_a_model_in_the_volume_reaches_the_worker_and_the_tokenizer(tmp_path, gp
     compose = resolve(tmp_path, CPU_FILES, variables)
     worker = service_config(compose, "worker")
     assert (worker.model_name, worker.model_path) == ("my-model", "/models/m.gguf")
-    assert service_config(compose, "tokenizer").models == (("my-model", "/models/m.gguf"),)
+    assert service_config(compose, "tokenizer").models == (("my-model", "/models/m.gguf"), MINILM)
     for name in ("worker", "tokenizer"):
         mounts = {(v["source"], v["target"]) for v in compose["services"][name]["volumes"]}
         assert ("models", "/models") in mounts, name
     # Without them: the embedded default model on both sides.
     assert service_config(gpu, "worker").model_path is None
-    assert service_config(gpu, "tokenizer").models == (("smollm2-135m-instruct", None),)
+    assert service_config(gpu, "tokenizer").models == (("smollm2-135m-instruct", None), MINILM)
 
 
 def test_every_module_the_containers_run_exists(gpu, cpu) -> None:

@@ -51,6 +51,8 @@ from tests.unit.k8s_manifests import (
 KUBERNETES_VERSION = "1.33.0"  # the oldest release we claim to run on (docs/deploy.md)
 DOCS = REPO / "docs" / "deploy.md"
 QUEUE_METRIC = "layerserve_num_requests_waiting"  # prometheus-adapter's name for the gauge
+# The sentence-embedding model's workers (issue 30): on the CPU image in both flavours, float32.
+ENCODER = "worker-all-minilm-l6-v2"
 # SERVING whenever the scheduler process runs (until its drain), workers or not.
 SCHEDULER_ADMIN = service_name(admin_pb2, "Admin")
 # The grpc.health.v1 service names each process reports ("" = the whole server).
@@ -138,7 +140,7 @@ def test_every_image_is_one_our_dockerfiles_build(rendered, tmp_path) -> None:
             image = only_container(deployment)["image"]
             if component(deployment) not in LAYERSERVE_SERVICES:
                 assert image in others, image  # Redis, as under docker compose
-            elif component(deployment) == "worker":
+            elif component(deployment) == "worker" and deployment["metadata"]["name"] != ENCODER:
                 assert built.get(image) == worker_dockerfile[overlay], (overlay, image)
             else:
                 assert built.get(image) == "docker/Dockerfile", image
@@ -161,10 +163,18 @@ def test_every_container_runs_a_module_that_accepts_its_configuration(
     assert {c.host for c in parsed.values()} == {"0.0.0.0"}  # reachable from other pods
     for deployment in deployments_of(objects, "worker"):
         worker = parsed[deployment["metadata"]["name"]]
-        assert worker.device == {"cpu": "cpu", "gpu": "cuda"}[overlay]
         # The scheduler dials the pod's own address, on the port the worker listens on.
         assert worker.advertised_address == f"{POD_IP}:{worker.port}"
         assert worker.admin_key
+        if deployment["metadata"]["name"] == ENCODER:
+            assert (worker.model_name, worker.device, worker.dtype) == (
+                "all-minilm-l6-v2",
+                "cpu",
+                "float32",
+            )
+            assert worker.model_path == "/opt/venv/models/all-minilm-l6-v2"  # docker/Dockerfile*
+            continue
+        assert worker.device == {"cpu": "cpu", "gpu": "cuda"}[overlay]
         # Not float32 forced on every device: the worker picks the device's dtype.
         assert worker.dtype == "auto"
     (scheduler,) = [parsed[d["metadata"]["name"]] for d in deployments_of(objects, "scheduler")]
@@ -312,14 +322,15 @@ def test_the_adapter_rule_in_the_docs_serves_the_schedulers_gauge() -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_resources_are_requested_and_only_gpu_workers_get_a_gpu(overlay, rendered) -> None:
     for deployment in find(rendered[overlay], "Deployment"):
+        name = deployment["metadata"]["name"]
         resources = only_container(deployment)["resources"]
-        assert {"cpu", "memory"} <= set(resources["requests"]), deployment["metadata"]["name"]
+        assert {"cpu", "memory"} <= set(resources["requests"]), name
         assert "memory" in resources["limits"]
         gpus = resources["limits"].get("nvidia.com/gpu")
-        if overlay == "gpu" and component(deployment) == "worker":
+        if overlay == "gpu" and component(deployment) == "worker" and name != ENCODER:
             assert gpus == 1 and resources["requests"]["nvidia.com/gpu"] == 1
         else:
-            assert gpus is None, deployment["metadata"]["name"]
+            assert gpus is None, name
 
 
 def test_the_secrets_named_are_the_ones_the_docs_say_to_create(rendered) -> None:
@@ -389,7 +400,7 @@ def test_a_model_added_as_the_docs_say_gets_workers_of_its_own(tmp_path: Path) -
         _copy_renamed(here / "worker.yaml", here / f"worker-{new}.yaml", default, new)
         _append(here / "kustomization.yaml", f"  - path: worker-{new}.yaml\n")
         objects = render(here, tmp_path / overlay)
-        workers = deployments_of(objects, "worker")
+        workers = [w for w in deployments_of(objects, "worker") if w["metadata"]["name"] != ENCODER]
         assert len(workers) == 2
         for worker in workers:
             config = service_config(

@@ -70,6 +70,8 @@ def test_prometheus_scrapes_every_service_where_it_serves_metrics(compose) -> No
         config = service_config(compose, name)  # its metrics server is on, on every interface
         assert config.metrics_port > 0 and config.host == "0.0.0.0", name
         expected[name] = [f"{name}:{config.metrics_port}"]
+    embedding = service_config(compose, "worker-embedding", "worker")  # issue 30's encoder
+    expected["worker"].append(f"worker-embedding:{embedding.metrics_port}")
     assert targets == expected
     assert set(targets) == set(LAYERSERVE_SERVICES)
 
