@@ -21,6 +21,7 @@ from services.gateway.request_limits import RequestLimits
 from services.gateway.responses_events import ResponsesRenderer, assistant_turn
 from services.gateway.responses_request import chat_body, responses_param
 from services.gateway.responses_store import ResponseStore, StoredResponse
+from services.gateway.responses_tools import chat_tool_params
 
 MAX_METADATA_PAIRS = 16  # OpenAI's bounds on `metadata`
 MAX_METADATA_VALUE = 512
@@ -54,7 +55,7 @@ async def parse_responses_call(
     try:
         parsed = parse_chat_request(chat, trace_context, limits, request_id=request_id)
     except InvalidArgument as err:
-        raise responses_param(err) from None
+        raise responses_param(err, chat_tool_params(body.get("tools"))) from None
     response_id = f"resp_{request_id}"
     parsed.response_id = response_id
     for index, request in enumerate(parsed.requests):

@@ -12,6 +12,7 @@ JSON shapes are checked here, with its own field names in the errors.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from services.common.errors import InvalidArgument
@@ -193,8 +194,14 @@ CHAT_TO_RESPONSES_PARAMS = (
 )
 
 
-def responses_param(error: InvalidArgument) -> InvalidArgument:
-    """The chat parser's error, naming the field as the Responses API spells it."""
+def responses_param(error: InvalidArgument, tool_params: list[str]) -> InvalidArgument:
+    """The chat parser's error, naming the field as the Responses API spells it; tool_params:
+    where each chat tool is in the request (responses_tools.chat_tool_params)."""
+    found = re.match(r"tools\[(\d+)\]", error.param or "")
+    if found and int(found[1]) < len(tool_params):
+        ours = tool_params[int(found[1])]
+        error.param = ours + error.param[found.end() :]
+        error.message = error.message.replace(found[0], ours, 1)
     for chat, ours in CHAT_TO_RESPONSES_PARAMS:
         if error.param and error.param.startswith(chat):
             error.param = ours + error.param[len(chat) :]

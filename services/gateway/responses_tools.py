@@ -87,6 +87,19 @@ def responses_chat_tools(value: Any) -> list[JsonObject]:
     return tools
 
 
+def chat_tool_params(value: Any) -> list[str]:
+    """Where each chat tool of responses_chat_tools(value) comes from in the request (built-in
+    tools are skipped, a namespace's tools are several): to name it in the chat parser's
+    errors. `value` has passed responses_chat_tools."""
+    params = []
+    for i, tool in enumerate(value if isinstance(value, list) else []):
+        if tool["type"] == "namespace":
+            params += [f"tools[{i}].tools[{j}]" for j in range(len(tool["tools"]))]
+        elif tool["type"] not in BUILT_IN:
+            params.append(f"tools[{i}]")
+    return params
+
+
 def tool_names(tools: list[JsonObject]) -> dict[str, ToolName]:
     """The flat function names the model calls (a namespaced tool's is namespace__name), for
     the tools that are not plain functions: how a call is given back to the client."""

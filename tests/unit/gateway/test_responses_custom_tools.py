@@ -127,3 +127,21 @@ async def test_a_namespaced_tool_is_called_by_its_name_and_namespace(scripted, s
     await sdk.responses.create(model=MODEL, input=outputs, previous_response_id=first.id)
     (turn,) = [m for m in scripted.requests[1].messages if m.tool_calls]
     assert [c.name for c in turn.tool_calls] == ["docs__search", "docs__edit"]
+
+
+@pytest.mark.parametrize(
+    ("tools", "param"),
+    [
+        ([{"type": "web_search"}, {**SHELL, "parameters": 5}], "tools[1].parameters"),
+        (
+            [{"type": "namespace", "name": "ns", "tools": [SHELL, {**SHELL, "parameters": 5}]}],
+            "tools[0].tools[1].parameters",
+        ),
+    ],
+)
+async def test_a_bad_tool_is_named_where_the_request_has_it(http, tools, param) -> None:
+    body = {"model": MODEL, "input": "hi", "tools": tools}
+    raw = await http.post("/v1/responses", json=body, headers=AUTH)
+    assert raw.status == 400
+    error = (await raw.json())["error"]
+    assert error["param"] == param and param in error["message"]
