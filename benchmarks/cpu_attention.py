@@ -1,8 +1,11 @@
-"""CPU attention in place vs the torch path's gather (issue 18), side by side in one run.
+"""CPU attention in place vs the torch path's gather (issue 18), and with bf16 KV the
+AVX512-BF16 passes vs issue 18's widening ones (issue 29), side by side in one run.
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.cpu_attention [--threads 1] [--repeats 5]
 
-Two tables, both with the two backends interleaved (so both see the same machine):
+Two tables, all backends interleaved (so all see the same machine); "widened" is the extension
+with bf16 keys and values widened to float32 first (CpuAttention(avx512_bf16=False)), run for
+bf16 only and only where the build has the AVX512-BF16 passes (else it is "in place" itself):
 - per layer: one layer's paged attention (with its metadata) on SmolLM2's shapes (9 q heads,
   3 KV heads, head dim 64), blocks shuffled across the pool as a long-running server leaves
   them; decode 64 x 1k and 8 x 2k, prefill batches, a mixed step. The per-step column is x30
@@ -26,7 +29,7 @@ import torch
 from benchmarks.machine import ceilings, load_average
 from services.worker.layers import cpu_attention_ext
 from services.worker.layers.attention import StepAttention
-from services.worker.layers.cpu_attention import CpuAttention
+from services.worker.layers.cpu_attention import CpuAttention, has_avx512_bf16
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.layers.torch_attention import TorchAttention
 from services.worker.model.config import LlamaConfig
@@ -122,14 +125,25 @@ def layer_row(name: str, seqs: list[tuple[int, int]], dtype: torch.dtype, repeat
 
         return step
 
-    t = interleaved({"torch": run(TorchAttention()), "in place": run(CpuAttention())}, repeats)
+    t = interleaved({k: run(b) for k, b in _backends(dtype, lambda b: b).items()}, repeats)
     # K and V of every key each query span reads, once (prefill: the sequence's whole context).
     kv_bytes = 2 * sum(contexts) * config.kv_size * cache.layer(0)[0].element_size()
     before, after = 1e3 * t["torch"], 1e3 * t["in place"]
+    widened = f"{1e3 * t['widened']:.2f}" if "widened" in t else "-"
     return (
-        f"| {name} | {_dtype_name(dtype)} | {before:.2f} | {after:.2f} | {before / after:.1f}x "
-        f"| {LAYERS * before:.0f} | {LAYERS * after:.0f} | {kv_bytes / t['in place'] / 1e9:.1f} |"
+        f"| {name} | {_dtype_name(dtype)} | {before:.2f} | {widened} | {after:.2f} "
+        f"| {before / after:.1f}x | {LAYERS * before:.0f} | {LAYERS * after:.0f} "
+        f"| {kv_bytes / t['in place'] / 1e9:.1f} |"
     )
+
+
+def _backends(dtype: torch.dtype, wrap: Callable) -> dict:
+    """torch, widened (bf16 with the AVX512-BF16 passes built in) and in place, each wrapped."""
+    backends = {"torch": wrap(TorchAttention())}
+    if dtype == torch.bfloat16 and has_avx512_bf16():
+        backends["widened"] = wrap(CpuAttention(avx512_bf16=False))
+    backends["in place"] = wrap(CpuAttention())
+    return backends
 
 
 def step_row(name: str, batch: int, context: int, loaded, repeats: int) -> str:
@@ -139,7 +153,7 @@ def step_row(name: str, batch: int, context: int, loaded, repeats: int) -> str:
     cache = PagedKVCache(loaded.config, blocks_needed(contexts), BLOCK_SIZE, dtype, cpu)
     tables = shuffled_tables(contexts, cache.num_blocks)
     ids = torch.randint(0, loaded.config.vocab_size, (batch,))
-    backends = {"torch": TimedBackend(TorchAttention()), "in place": TimedBackend(CpuAttention())}
+    backends = _backends(dtype, TimedBackend)
 
     def run(backend: TimedBackend) -> Callable[[], object]:
         def step() -> object:
@@ -157,11 +171,10 @@ def step_row(name: str, batch: int, context: int, loaded, repeats: int) -> str:
         b.seconds = 0.0
     t = interleaved(fns, repeats)
     att = {k: b.seconds / (repeats + 1) for k, b in backends.items()}  # +1: interleaved's warm-up
-    before, after = 1e3 * t["torch"], 1e3 * t["in place"]
+    cells = {k: f"{1e3 * t[k]:.0f} | {1e3 * att[k]:.0f} ({att[k] / t[k]:.0%})" for k in t}
     return (
-        f"| {name} | {_dtype_name(dtype)} | {before:.0f} | {1e3 * att['torch']:.0f} "
-        f"({att['torch'] / t['torch']:.0%}) | {after:.0f} | {1e3 * att['in place']:.0f} "
-        f"({att['in place'] / t['in place']:.0%}) | {before / after:.2f}x |"
+        f"| {name} | {_dtype_name(dtype)} | {cells['torch']} | {cells.get('widened', '- | -')} "
+        f"| {cells['in place']} | {t['torch'] / t['in place']:.2f}x |"
     )
 
 
@@ -188,19 +201,21 @@ def main() -> None:
     ceiling = ceilings()
     clock = "thread CPU time" if CLOCK[0] is time.thread_time else "wall time"
     print(f"{args.threads} thread(s), {clock}, load average at start {load_average()}, torch "
-          f"{torch.__version__}, ceilings {ceiling}")  # fmt: skip
+          f"{torch.__version__}, ceilings {ceiling}, "
+          f"AVX512-BF16 passes built in: {has_avx512_bf16()}")  # fmt: skip
     print("\nPer layer (ms), torch path (gather) vs in place (C++ extension):\n")
-    print("| case | dtype | torch | in place | speed-up | torch x30 | in place x30 | GB/s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| case | dtype | torch | widened | in place | speed-up | torch x30 | in place x30 "
+          "| GB/s |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for dtype in dtypes:
         for name, seqs in LAYER_CASES.items():
             print(layer_row(name, seqs, dtype, args.repeats), flush=True)
     if args.skip_steps:
         return
     print("\nSmolLM2 decode step (forward + logits, ms), attention inside it:\n")
-    print("| case | dtype | step, torch | attention, torch | step, in place "
-          "| attention, in place | step speed-up |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| case | dtype | step, torch | attention, torch | step, widened | attention, "
+          "widened | step, in place | attention, in place | step speed-up |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     from services.worker.model.loader import default_path, load_model
 
     for dtype in dtypes:

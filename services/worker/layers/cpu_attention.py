@@ -5,8 +5,9 @@ chunks of the whole batch go in one call per layer; no mask is built.
 
 RoPE runs in the extension too (csrc/rope.cpp: q and k in place, one call instead of 12
 torch ops, the same bits), and so does SiLU-mul (csrc/small_ops.cpp: torch_ops.py's ATen calls
-made from C++, one dispatch from Python). KV cache writes and norms are the torch path's,
-and so is all of it on any other device (--kernels torch on CUDA): the torch path stays the
+made from C++, one dispatch from Python), and so do the norms (the residual add before a
+norm in the same call, bit for bit). KV cache writes are the torch path's, and so is all of
+it on any other device (--kernels torch on CUDA): the torch path stays the
 reference this one is tested against (tests/unit/worker/test_cpu_attention.py)."""
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ class CpuAttention(TorchAttention):
     the CPU. Build it only once cpu_attention_ext.load() has returned True."""
 
     name = "torch"  # WorkerInfo.kernels: the torch path, with a native attention op on the CPU
+
+    def __init__(self, avx512_bf16: bool = True) -> None:
+        # False: bf16 K/V widened to float32 copies as in issue 18 (the benchmark compares both).
+        self.avx512_bf16 = avx512_bf16
 
     def metadata(
         self,
@@ -44,6 +49,20 @@ class CpuAttention(TorchAttention):
         if gate_up.device.type != "cpu":
             return super().silu_mul(gate_up)
         return torch.ops.layerserve.silu_mul(gate_up)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """torch_ops.rms_norm's bits in one call of the extension (csrc/small_ops.cpp)."""
+        if x.device.type != "cpu":
+            return super().rms_norm(x, weight, eps)
+        return torch.ops.layerserve.rms_norm(x, weight, eps)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """residual += x, then rms_norm: one call of the extension, not an add and a norm."""
+        if x.device.type != "cpu":
+            return super().add_rms_norm(x, residual, weight, eps)
+        return torch.ops.layerserve.add_rms_norm_(residual, x, weight, eps)
 
     def apply_rope(
         self,
@@ -72,7 +91,7 @@ class CpuAttention(TorchAttention):
         k_cache, v_cache = layer_cache
         return native_paged_attention(
             q, k_cache, v_cache, attn.query_start, attn.context_lens_device, attn.block_tables,
-            window,
+            window, self.avx512_bf16,
         )  # fmt: skip
 
 
@@ -84,14 +103,23 @@ def native_paged_attention(
     context_lens: torch.Tensor,
     block_tables: torch.Tensor,
     window: int | None = None,
+    avx512_bf16: bool = True,
 ) -> torch.Tensor:
     """The extension's op (loaded by cpu_attention_ext.load()) with SDPA's 1/sqrt(D) scale.
 
     q [T, H, D]; caches [num_blocks, block_size, Hkv, D]; query_start [S + 1], context_lens
-    [S], block_tables [S, max_blocks] int64 -> [T, H, D] in q's dtype, computed in float32."""
+    [S], block_tables [S, max_blocks] int64 -> [T, H, D] in q's dtype, computed in float32.
+    bf16 caches are read as they are, scores by AVX512-BF16 dot products, where the build has
+    them (has_avx512_bf16) unless avx512_bf16 is False (K/V rows widened to float32 copies
+    first, as in issue 18): the same exact products, the score sums in another order."""
     dtype = q.dtype  # a no-op .to() still costs a dispatch per layer: skipped when equal
     out = torch.ops.layerserve.paged_attention(
         q if dtype == k_cache.dtype else q.to(k_cache.dtype), k_cache, v_cache, query_start,
-        context_lens, block_tables, window or 0, 1.0 / math.sqrt(q.shape[-1]),
+        context_lens, block_tables, window or 0, 1.0 / math.sqrt(q.shape[-1]), avx512_bf16,
     )  # fmt: skip
     return out if out.dtype == dtype else out.to(dtype)
+
+
+def has_avx512_bf16() -> bool:
+    """Whether the loaded extension has the AVX512-BF16 passes (built on a CPU with them)."""
+    return bool(torch.ops.layerserve.has_avx512_bf16())

@@ -1,12 +1,14 @@
-"""The C++ CPU attention extension (csrc/: cpu_attention.cpp, rope.cpp, small_ops.cpp): built
-once by `make install` (python -m services.worker.layers.cpu_attention_ext) with torch's
-extension tooling, loaded by the worker at start-up as torch.ops.layerserve.paged_attention,
-rope_ and silu_mul.
+"""The C++ CPU attention extension (csrc/: cpu_attention.cpp with avx512_bf16.h, rope.cpp,
+small_ops.cpp): built once by `make install` (python -m services.worker.layers.cpu_attention_ext)
+with torch's extension tooling, loaded by the worker at start-up as
+torch.ops.layerserve.paged_attention, rope_ and silu_mul.
 
 It is compiled for the machine that builds it (-march=native), so the build directory is keyed
 by the source, the flags, torch's version and this CPU's instruction sets: a changed source or a
 build copied from another CPU is simply not found, and the worker falls back to the torch path
-(attention.py logs a warning) instead of failing or running illegal instructions."""
+(attention.py logs a warning) instead of failing or running illegal instructions. For the same
+reason the AVX512-BF16 scores (avx512_bf16.h) are chosen when compiling, not at run time: a CPU
+without them builds the widening path alone (torch.ops.layerserve.has_avx512_bf16() says which)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ NAME = "layerserve_cpu_attention"
 SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.cpp"
 # One library: paged_attention, rope_ and silu_mul.
 SOURCES = (SOURCE, SOURCE.with_name("rope.cpp"), SOURCE.with_name("small_ops.cpp"))
+HEADERS = (SOURCE.with_name("avx512_bf16.h"),)  # not compiled alone, but part of the build's key
 BUILD_ROOT = Path(__file__).resolve().parents[3] / "build" / "cpu_attention"  # .gitignore'd
 # -fno-math-errno lets std::floor and friends vectorise; no -ffast-math: the kernel's
 # reductions are written to vectorise without reassociation, and it must keep IEEE semantics.
@@ -36,7 +39,7 @@ LDFLAGS = ("-fopenmp",)
 def library_path() -> Path:
     """Where this source, built on this CPU with this torch, lives."""
     key = hashlib.sha256()
-    sources = [source.read_bytes() for source in SOURCES]
+    sources = [source.read_bytes() for source in (*SOURCES, *HEADERS)]
     for part in (*sources, " ".join(CFLAGS).encode(), torch.__version__.encode(),
                  platform.machine().encode(), _cpu_flags().encode()):  # fmt: skip
         key.update(part)
@@ -72,7 +75,7 @@ def build(verbose: bool = False) -> Path:
 def load() -> bool:
     """Registers torch.ops.layerserve.paged_attention if the extension is built; False if not
     (or when the source is not there to key the build by, as in a non-editable install)."""
-    if not all(s.is_file() for s in SOURCES):
+    if not all(s.is_file() for s in (*SOURCES, *HEADERS)):
         return False
     path = library_path()
     if not path.exists():

@@ -14,7 +14,11 @@ import torch.nn.functional as F
 
 from services.worker.layers import attention, cpu_attention_ext
 from services.worker.layers.attention_backends import attention_backend
-from services.worker.layers.cpu_attention import CpuAttention, native_paged_attention
+from services.worker.layers.cpu_attention import (
+    CpuAttention,
+    has_avx512_bf16,
+    native_paged_attention,
+)
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.layers.torch_attention import TorchAttention
 from services.worker.model.config import LlamaConfig
@@ -70,6 +74,10 @@ def _case(
         tables.append(table)
     q = torch.randn(sum(n for n, _ in seqs), heads, dim, generator=g).to(dtype)
     return cache, tables, q
+
+
+def _cpu_flags() -> set[str]:
+    return set(cpu_attention_ext._cpu_flags().split())
 
 
 def _both(seqs, cache, tables, q, window=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,6 +138,36 @@ def test_bfloat16_is_at_least_as_close_to_float32_as_the_torch_path(window) -> N
     ours, theirs = (out.float() - truth).abs().max(), (reference.float() - truth).abs().max()
     assert ours <= theirs + 1e-3
     torch.testing.assert_close(out.float(), truth, rtol=1.6e-2, atol=1e-2)  # bf16's epsilon
+
+
+needs_avx512_bf16 = pytest.mark.skipif(
+    "avx512_bf16" not in _cpu_flags(), reason="this CPU has no AVX512-BF16"
+)
+
+
+@needs_avx512_bf16
+def test_a_cpu_with_avx512_bf16_gets_its_dot_products() -> None:
+    """-march=native on such a CPU compiles them in; losing them would be a silent slowdown."""
+    assert has_avx512_bf16()
+
+
+@needs_avx512_bf16
+@pytest.mark.parametrize(
+    ("dim", "block", "window"), [(64, 16, None), (64, 5, None), (128, 4, 40), (32, 16, 7)]
+)
+def test_avx512_bf16_passes_match_the_widening_path(dim, block, window) -> None:
+    """Both multiply the same bf16 values exactly (a bf16 x bf16 product fits float32) and sum
+    in float32; only the order of the score sums differs (~1e-7 relative). After rounding to
+    bf16 the outputs are equal but for values that sit on a rounding boundary, one bf16 ulp
+    (2^-7 relative at most) apart. Blocks of 5 make chunks of 16 keys cross blocks; dim 32
+    takes the one-load-per-row path, 64 and 128 the two-load one."""
+    seqs = [(1, 300), (20, 60), (1, 17), (9, 9), (16, 100), (1, 1)]
+    cache, tables, q = _case(seqs, 9, 3, dim, block, torch.bfloat16, window=window, seed=dim)
+    meta = CpuAttention().metadata([n for n, _ in seqs], [c for _, c in seqs], tables, block, CPU)
+    fast = CpuAttention(avx512_bf16=True).paged_attention(q, cache.layer(0), meta, window)
+    widened = CpuAttention(avx512_bf16=False).paged_attention(q, cache.layer(0), meta, window)
+    assert (fast == widened).float().mean() > 0.99
+    torch.testing.assert_close(fast.float(), widened.float(), rtol=2**-7, atol=1e-6)
 
 
 def test_long_decode_against_dense_attention() -> None:

@@ -14,7 +14,10 @@
 //   2. per row: max, exp, sum;
 //   3. out_r = sum_t p[r, t] v_t / sum_r.
 // K and V rows in float32 or half types are widened to float32 one block at a time; all
-// arithmetic is float32.
+// arithmetic is float32. Where the compiler targets AVX512-BF16, a bf16 cache is read as it is
+// (avx512_bf16.h): VDPBF16PS multiplies its keys by bf16 q, 16 keys at a time, and value rows
+// are widened in registers; the widened copies remain for other dtypes, and for bf16 when asked
+// (avx512_bf16=false, the benchmark's "widened").
 //
 // Built by cpu_attention_ext.py (torch.utils.cpp_extension, from `make install`) and loaded
 // with torch.ops.load_library: torch.ops.layerserve.paged_attention.
@@ -32,6 +35,13 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#if defined(__AVX512BF16__)
+#include "avx512_bf16.h"
+#define HAS_AVX512_BF16 1
+#else
+#define HAS_AVX512_BF16 0
+#endif
 
 namespace {
 
@@ -94,8 +104,8 @@ inline float dot(const float* a, const float* b, int64_t dim) {
 
 // acc[d] += sum_t probs[t] * values[t * stride + d] for t < count: each 16-lane slice of acc
 // stays in a register across the keys.
-inline void accumulate(const float* probs, const float* values, int64_t stride, int64_t count,
-                       float* acc, int64_t dim) {
+inline void accumulate_row(const float* probs, const float* values, int64_t stride,
+                           int64_t count, float* acc, int64_t dim) {
   if (dim % LANES != 0) {
     for (int64_t t = 0; t < count; ++t) {
       for (int64_t d = 0; d < dim; ++d) acc[d] += probs[t] * values[t * stride + d];
@@ -106,6 +116,54 @@ inline void accumulate(const float* probs, const float* values, int64_t stride, 
     vec sum = load(acc + d);
     for (int64_t t = 0; t < count; ++t) sum += probs[t] * load(values + t * stride + d);
     store(acc + d, sum);
+  }
+}
+
+constexpr int64_t ROW_LANES = 4 * LANES;  // the dims accumulate_rows keeps in registers per row
+
+// accumulate_row for R rows (probs and acc rows probs_stride and dim apart), 64 dims at a time:
+// R x 4 independent sums per key instead of one chain per 16 lanes, which waited on each FMA's
+// latency. Each sum still adds its keys in order: the same float32 results.
+template <int R>
+inline void accumulate_rows(const float* probs, int64_t probs_stride, const float* values,
+                            int64_t stride, int64_t count, float* acc, int64_t dim) {
+  for (int64_t d = 0; d < dim; d += ROW_LANES) {
+    vec sums[R][4];
+    for (int r = 0; r < R; ++r) {
+      for (int k = 0; k < 4; ++k) sums[r][k] = load(acc + r * dim + d + k * LANES);
+    }
+    for (int64_t t = 0; t < count; ++t) {
+      const float* v = values + t * stride + d;
+      const vec v0 = load(v), v1 = load(v + LANES), v2 = load(v + 2 * LANES),
+                v3 = load(v + 3 * LANES);
+      for (int r = 0; r < R; ++r) {
+        const float pr = probs[r * probs_stride + t];
+        sums[r][0] += pr * v0;
+        sums[r][1] += pr * v1;
+        sums[r][2] += pr * v2;
+        sums[r][3] += pr * v3;
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int k = 0; k < 4; ++k) store(acc + r * dim + d + k * LANES, sums[r][k]);
+    }
+  }
+}
+
+// accumulate_row for `rows` rows that see the same keys (a token's query heads of one KV head).
+inline void accumulate(const float* probs, int64_t probs_stride, const float* values,
+                       int64_t stride, int64_t count, float* acc, int64_t dim, int64_t rows) {
+  for (int64_t r = 0; r < rows;) {
+    const int64_t n = dim % ROW_LANES == 0 ? std::min<int64_t>(4, rows - r) : 1;
+    const float* pr = probs + r * probs_stride;
+    float* ar = acc + r * dim;
+    switch (n) {
+      case 4: accumulate_rows<4>(pr, probs_stride, values, stride, count, ar, dim); break;
+      case 3: accumulate_rows<3>(pr, probs_stride, values, stride, count, ar, dim); break;
+      case 2: accumulate_rows<2>(pr, probs_stride, values, stride, count, ar, dim); break;
+      default: accumulate_row(pr, values, stride, count, ar, dim);
+    }
+    r += n;
   }
 }
 
@@ -243,6 +301,7 @@ struct Problem {
   T* out;  // [T, H, D] contiguous
   int64_t num_heads, group, dim;
   float scale;
+  bool avx512_bf16;  // bf16: avx512_bf16.h's passes where built in; false: widened copies
 };
 
 struct Scratch {
@@ -300,83 +359,221 @@ void for_each_block(const Problem<T>& p, const Item& item, const T* cache, int64
   }
 }
 
-// One work item. Row r = ((h - head_begin) * num_tokens + i) * group + g is query head
-// h * group + g of token i; it sees keys [first_key(pos_i), pos_i]. Out rows are written by
-// this item only.
+// Where dim d of an item's sums lies: in place, or as avx512_bf16.h's passes leave it.
+inline int64_t lane(int64_t d, bool bf16_passes) {
+#if HAS_AVX512_BF16
+  if (bf16_passes) return avx512_bf16::lane_of(d);
+#endif
+  return d;
+}
+
+// Where an item's rows look: its first token's position, and keys [lo, hi], the union of the
+// rows' spans. Row r = ((h - head_begin) * num_tokens + i) * group + g is query head
+// h * group + g of token i; it sees keys [first_key(pos_i), pos_i], pos_i = base_pos + i.
+struct Span {
+  int64_t base_pos, lo, hi, window, group;
+  int64_t size() const { return hi - lo + 1; }
+  int64_t first(int64_t i) const { return first_key(base_pos + i, window); }
+  int64_t last(int64_t i) const { return base_pos + i; }
+  int64_t row(const Item& item, int64_t h, int64_t i, int64_t g) const {
+    return ((h - item.head_begin) * item.num_tokens + i) * group + g;
+  }
+};
+
+// Pass 1 on float32 rows (half types widened a block at a time): scores[r * span + t - lo] =
+// q_r . k_t * scale for every key t row r sees.
 template <typename T>
-void attend(const Problem<T>& p, const Item& item, Scratch& scratch) {
-  const int64_t seq_end = p.layout.query_start[item.seq + 1];
-  const int64_t ctx = p.layout.context_lens[item.seq];
-  const int64_t base_pos = ctx - (seq_end - item.first_token);  // the first token's position
-  const int64_t lo = first_key(base_pos, p.layout.window);
-  const int64_t hi = base_pos + item.num_tokens - 1;
-  const int64_t span = hi - lo + 1, dim = p.dim, group = p.group, ntok = item.num_tokens;
-  const int64_t rows = (item.head_end - item.head_begin) * ntok * group;
-  scratch.reserve(rows, span, dim, p.layout.block_size);
+void score_keys(const Problem<T>& p, const Item& item, const Span& s, Scratch& scratch) {
+  const int64_t dim = p.dim, span = s.size();
   float* qf = scratch.q.data();
   float* scores = scratch.scores.data();
-  float* acc = scratch.acc.data();
-  float* inv_sum = scratch.inv_sum.data();
-  auto row_of = [&](int64_t h, int64_t i, int64_t g) {
-    return ((h - item.head_begin) * ntok + i) * group + g;
-  };
   for (int64_t h = item.head_begin; h < item.head_end; ++h) {
-    for (int64_t i = 0; i < ntok; ++i) {
-      for (int64_t g = 0; g < group; ++g) {
+    for (int64_t i = 0; i < item.num_tokens; ++i) {
+      for (int64_t g = 0; g < s.group; ++g) {
         const T* src = p.q + (item.first_token + i) * p.q_token_stride +
-                       (h * group + g) * p.q_head_stride;
-        float* dst = qf + row_of(h, i, g) * dim;
+                       (h * s.group + g) * p.q_head_stride;
+        float* dst = qf + s.row(item, h, i, g) * dim;
         for (int64_t d = 0; d < dim; ++d) dst[d] = widen(src[d]) * p.scale;
       }
     }
   }
-  std::fill(acc, acc + rows * dim, 0.0f);
-  // Pass 1: scores.
-  for_each_block(p, item, p.k_cache, lo, hi, scratch,
+  for_each_block(p, item, p.k_cache, s.lo, s.hi, scratch,
                  [&](int64_t h, int64_t t0, int64_t t1, const float* keys, int64_t stride) {
-    for (int64_t i = 0; i < ntok; ++i) {
-      const int64_t a = std::max(t0, first_key(base_pos + i, p.layout.window));
-      const int64_t b = std::min(t1, base_pos + i);
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t r = row_of(h, i, g);
-        float* row_scores = scores + r * span - lo;
+    for (int64_t i = 0; i < item.num_tokens; ++i) {
+      const int64_t a = std::max(t0, s.first(i)), b = std::min(t1, s.last(i));
+      for (int64_t g = 0; g < s.group; ++g) {
+        const int64_t r = s.row(item, h, i, g);
+        float* row_scores = scores + r * span - s.lo;
         for (int64_t t = a; t <= b; ++t) {
           row_scores[t] = dot(qf + r * dim, keys + (t - t0) * stride, dim);
         }
       }
     }
   });
-  // Softmax per row over its own keys; the numerators replace the scores.
-  for (int64_t h = item.head_begin; h < item.head_end; ++h) {
-    for (int64_t i = 0; i < ntok; ++i) {
-      const int64_t a = first_key(base_pos + i, p.layout.window) - lo, b = base_pos + i - lo;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t r = row_of(h, i, g);
-        inv_sum[r] = 1.0f / softmax_numerators(scores + r * span + a, b - a + 1);
-      }
+}
+
+#if HAS_AVX512_BF16
+using avx512_bf16::KEYS;
+
+// Pointers to head 0's rows of keys [first, first + count) of the item's sequence in `cache`,
+// through its block table (a chunk may cross blocks); slots past `count` repeat the last key.
+inline void key_rows(const Problem<c10::BFloat16>& p, const Item& item, const uint16_t* cache,
+                     int64_t first, int64_t count, const uint16_t* rows[KEYS]) {
+  const int64_t bs = p.layout.block_size;
+  const int64_t* table = p.layout.block_tables + item.seq * p.layout.table_stride;
+  int64_t block = first / bs, offset = first % bs;
+  for (int j = 0; j < KEYS; ++j) {
+    rows[j] = cache + table[block] * p.block_stride + offset * p.token_stride;
+    if (j + 1 < count && ++offset == bs) {
+      offset = 0;
+      ++block;
     }
   }
-  // Pass 2: the weighted values.
-  for_each_block(p, item, p.v_cache, lo, hi, scratch,
-                 [&](int64_t h, int64_t t0, int64_t t1, const float* values, int64_t stride) {
-    for (int64_t i = 0; i < ntok; ++i) {
-      const int64_t a = std::max(t0, first_key(base_pos + i, p.layout.window));
-      const int64_t b = std::min(t1, base_pos + i);
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t r = row_of(h, i, g);
-        if (a <= b) {
-          accumulate(scores + r * span + a - lo, values + (a - t0) * stride, stride, b - a + 1,
-                     acc + r * dim, dim);
+}
+
+// Calls fn(c, n, rows) for each chunk of keys [c, c + n) of [s.lo, s.hi], n <= 16, with head 0's
+// rows of them in `cache` (the item's heads are head_stride further on). Chunks cross blocks;
+// the chunk PREFETCH_AHEAD further is prefetched (blocks are scattered: the hardware prefetcher
+// cannot see them coming).
+template <typename Fn>
+void for_each_chunk(const Problem<c10::BFloat16>& p, const Item& item, const c10::BFloat16* cache,
+                    const Span& s, Fn&& fn) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(cache);
+  const int64_t bytes = ((item.head_end - item.head_begin - 1) * p.head_stride + p.dim) * 2;
+  const uint16_t *rows[KEYS], *ahead[KEYS];
+  for (int64_t c = s.lo; c <= s.hi; c += KEYS) {
+    const int64_t next = c + PREFETCH_AHEAD * KEYS;
+    if (next <= s.hi) {
+      key_rows(p, item, bits, next, std::min<int64_t>(KEYS, s.hi - next + 1), ahead);
+      for (int j = 0; j < KEYS; ++j) {
+        const char* row = reinterpret_cast<const char*>(ahead[j] + item.head_begin * p.head_stride);
+        for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset);
+      }
+    }
+    const int64_t n = std::min<int64_t>(KEYS, s.hi - c + 1);
+    key_rows(p, item, bits, c, n, rows);
+    fn(c, n, rows);
+  }
+}
+
+// Pass 1 on the bf16 cache by VDPBF16PS, every head and row per chunk of keys (so its K rows
+// come from memory once); q stays bf16, read in place; the scale applies to the float32 scores.
+void score_keys_bf16(const Problem<c10::BFloat16>& p, const Item& item, const Span& s,
+                     Scratch& scratch) {
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  for_each_chunk(p, item, p.k_cache, s, [&](int64_t c, int64_t n, const uint16_t** rows) {
+    const uint16_t* keys[KEYS];
+    for (int64_t h = item.head_begin; h < item.head_end; ++h) {
+      for (int j = 0; j < KEYS; ++j) keys[j] = rows[j] + h * p.head_stride;
+      for (int64_t i = 0; i < item.num_tokens; ++i) {
+        const int64_t a = std::max(c, s.first(i)), b = std::min(c + n - 1, s.last(i));
+        if (a > b) continue;
+        const __mmask16 lanes = static_cast<__mmask16>(((1u << (b - a + 1)) - 1) << (a - c));
+        for (int64_t g = 0; g < s.group; ++g) {
+          const uint16_t* q = reinterpret_cast<const uint16_t*>(
+              p.q + (item.first_token + i) * p.q_token_stride +
+              (h * s.group + g) * p.q_head_stride);
+          const __m512 dots = avx512_bf16::dot16(q, keys, p.dim);
+          float* dst = scratch.scores.data() + s.row(item, h, i, g) * s.size() + (c - s.lo);
+          _mm512_mask_storeu_ps(dst, lanes, _mm512_mul_ps(dots, scale));
         }
       }
     }
   });
+}
+
+// Pass 2 on the bf16 cache, V rows widened in registers: acc rows in avx512_bf16::lane_of order.
+void weigh_values_bf16(const Problem<c10::BFloat16>& p, const Item& item, const Span& s,
+                       Scratch& scratch) {
+  for_each_chunk(p, item, p.v_cache, s, [&](int64_t c, int64_t n, const uint16_t** rows) {
+    const uint16_t* values[KEYS];
+    for (int64_t h = item.head_begin; h < item.head_end; ++h) {
+      for (int j = 0; j < KEYS; ++j) values[j] = rows[j] + h * p.head_stride;
+      for (int64_t i = 0; i < item.num_tokens; ++i) {
+        const int64_t a = std::max(c, s.first(i)), b = std::min(c + n - 1, s.last(i));
+        if (a > b) continue;
+        const int64_t r = s.row(item, h, i, 0);  // the group's rows follow
+        avx512_bf16::weigh(scratch.scores.data() + r * s.size() + a - s.lo, s.size(),
+                           values + (a - c), b - a + 1, scratch.acc.data() + r * p.dim, p.dim,
+                           s.group);
+      }
+    }
+  });
+}
+#endif
+
+// Pass 2 on float32 rows (half types widened a block at a time): acc_r += p_r . V.
+template <typename T>
+void weigh_values(const Problem<T>& p, const Item& item, const Span& s, Scratch& scratch) {
+  const int64_t span = s.size(), dim = p.dim;
+  for_each_block(p, item, p.v_cache, s.lo, s.hi, scratch,
+                 [&](int64_t h, int64_t t0, int64_t t1, const float* values, int64_t stride) {
+    for (int64_t i = 0; i < item.num_tokens; ++i) {
+      const int64_t a = std::max(t0, s.first(i)), b = std::min(t1, s.last(i));
+      if (a > b) continue;
+      const int64_t r = s.row(item, h, i, 0);  // the group's rows follow
+      accumulate(scratch.scores.data() + r * span + a - s.lo, span, values + (a - t0) * stride,
+                 stride, b - a + 1, scratch.acc.data() + r * dim, dim, s.group);
+    }
+  });
+}
+
+// Whether this item runs the AVX512-BF16 passes (bf16 cache, built in, asked for, dim fits).
+template <typename T>
+bool uses_avx512_bf16(const Problem<T>& p) {
+#if HAS_AVX512_BF16
+  return std::is_same_v<T, c10::BFloat16> && p.avx512_bf16 && p.dim % avx512_bf16::PER_LOAD == 0;
+#else
+  return false;
+#endif
+}
+
+// One work item: scores, softmax and the weighted values of its rows. Out rows are written by
+// this item only.
+template <typename T>
+void attend(const Problem<T>& p, const Item& item, Scratch& scratch) {
+  const int64_t seq_end = p.layout.query_start[item.seq + 1];
+  const int64_t ctx = p.layout.context_lens[item.seq];
+  const int64_t base_pos = ctx - (seq_end - item.first_token);  // the first token's position
+  const Span s{base_pos, first_key(base_pos, p.layout.window), base_pos + item.num_tokens - 1,
+               p.layout.window, p.group};
+  const int64_t span = s.size(), dim = p.dim, group = p.group, ntok = item.num_tokens;
+  const int64_t rows = (item.head_end - item.head_begin) * ntok * group;
+  scratch.reserve(rows, span, dim, p.layout.block_size);
+  float* scores = scratch.scores.data();
+  float* acc = scratch.acc.data();
+  float* inv_sum = scratch.inv_sum.data();
+  std::fill(acc, acc + rows * dim, 0.0f);
+  const bool bf16_passes = uses_avx512_bf16(p);
+#if HAS_AVX512_BF16
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (bf16_passes) score_keys_bf16(p, item, s, scratch);
+  }
+#endif
+  if (!bf16_passes) score_keys(p, item, s, scratch);
+  // Softmax per row over its own keys; the numerators replace the scores.
+  for (int64_t h = item.head_begin; h < item.head_end; ++h) {
+    for (int64_t i = 0; i < ntok; ++i) {
+      const int64_t a = s.first(i) - s.lo, b = s.last(i) - s.lo;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = s.row(item, h, i, g);
+        inv_sum[r] = 1.0f / softmax_numerators(scores + r * span + a, b - a + 1);
+      }
+    }
+  }
+#if HAS_AVX512_BF16
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (bf16_passes) weigh_values_bf16(p, item, s, scratch);
+  }
+#endif
+  if (!bf16_passes) weigh_values(p, item, s, scratch);
   for (int64_t h = item.head_begin; h < item.head_end; ++h) {
     for (int64_t i = 0; i < ntok; ++i) {
       for (int64_t g = 0; g < group; ++g) {
-        const int64_t r = row_of(h, i, g);
+        const float* sums = acc + s.row(item, h, i, g) * dim;
+        const float inv = inv_sum[s.row(item, h, i, g)];
         T* dst = p.out + ((item.first_token + i) * p.num_heads + h * group + g) * dim;
-        for (int64_t d = 0; d < dim; ++d) dst[d] = narrow<T>(acc[r * dim + d] * inv_sum[r]);
+        for (int64_t d = 0; d < dim; ++d) dst[d] = narrow<T>(sums[lane(d, bf16_passes)] * inv);
       }
     }
   }
@@ -385,14 +582,14 @@ void attend(const Problem<T>& p, const Item& item, Scratch& scratch) {
 // Every item on OpenMP threads; a thread keeps its scratch across items.
 template <typename T>
 void attend_all(const Layout& layout, const at::Tensor& q, const at::Tensor& k_cache,
-                const at::Tensor& v_cache, at::Tensor& out, float scale) {
+                const at::Tensor& v_cache, at::Tensor& out, float scale, bool avx512_bf16) {
   const int64_t threads = at::get_num_threads();
   const std::vector<Item> items =
       make_items(layout, k_cache.size(2), threads);
   const Problem<T> p{layout, q.data_ptr<T>(), q.stride(0), q.stride(1),
                      k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), k_cache.stride(0),
                      k_cache.stride(1), k_cache.stride(2), out.data_ptr<T>(), q.size(1),
-                     q.size(1) / k_cache.size(2), q.size(2), scale};
+                     q.size(1) / k_cache.size(2), q.size(2), scale, avx512_bf16};
   const int64_t count = static_cast<int64_t>(items.size());
 #pragma omp parallel num_threads(static_cast<int>(std::max<int64_t>(1, std::min(threads, count))))
   {
@@ -427,11 +624,12 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
 
 // q [T, H, D], caches [num_blocks, block_size, Hkv, D] (the step's K/V already written),
 // query_start [S + 1], context_lens [S], block_tables [S, max_blocks] (int64; -1 entries only
-// outside each query's window) -> out [T, H, D]. window <= 0: every earlier key.
+// outside each query's window) -> out [T, H, D]. window <= 0: every earlier key. avx512_bf16:
+// bf16 caches read by avx512_bf16.h where built in (has_avx512_bf16()); false: widened copies.
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& query_start,
                            const at::Tensor& context_lens, const at::Tensor& block_tables,
-                           int64_t window, double scale) {
+                           int64_t window, double scale, bool avx512_bf16) {
   check_inputs(q, k_cache, v_cache, query_start, context_lens, block_tables);
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   const Layout layout{query_start.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
@@ -440,13 +638,13 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   const float scale_f = static_cast<float>(scale);
   switch (q.scalar_type()) {
     case at::kFloat:
-      attend_all<float>(layout, q, k_cache, v_cache, out, scale_f);
+      attend_all<float>(layout, q, k_cache, v_cache, out, scale_f, avx512_bf16);
       break;
     case at::kBFloat16:
-      attend_all<c10::BFloat16>(layout, q, k_cache, v_cache, out, scale_f);
+      attend_all<c10::BFloat16>(layout, q, k_cache, v_cache, out, scale_f, avx512_bf16);
       break;
     case at::kHalf:
-      attend_all<c10::Half>(layout, q, k_cache, v_cache, out, scale_f);
+      attend_all<c10::Half>(layout, q, k_cache, v_cache, out, scale_f, avx512_bf16);
       break;
     default:
       TORCH_CHECK(false, "layerserve::paged_attention: float32, bfloat16 or float16, not ",
@@ -455,11 +653,16 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   return out;
 }
 
+// Whether this build has avx512_bf16.h's passes (compiled for a CPU with AVX512-BF16).
+bool has_avx512_bf16() { return HAS_AVX512_BF16; }
+
 }  // namespace
 
 TORCH_LIBRARY(layerserve, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start, "
-      "Tensor context_lens, Tensor block_tables, int window, float scale) -> Tensor");
+      "Tensor context_lens, Tensor block_tables, int window, float scale, bool avx512_bf16=True) "
+      "-> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
+  m.def("has_avx512_bf16() -> bool", &has_avx512_bf16);
 }

@@ -1,0 +1,136 @@
+// The inner loops of attention over a bf16 KV cache with AVX512-BF16, reading K and V rows as
+// they lie in the cache (no widened copy):
+// - dot16: 16 q . k dot products at once with VDPBF16PS (each instruction multiplies 32 bf16
+//   pairs exactly and adds them into 16 float32 lanes), then one transposing reduction turns the
+//   16 keys' lane sums into one vector whose lane j is key j's score;
+// - weigh_rows: p . V for a few query rows, each V row widened in registers (a bf16 is the top
+//   half of a float32: a shift gives the even dims, a mask the odd ones) and FMAs in float32.
+//
+// Precision: a bf16 x bf16 product is exact in float32 (8-bit significands), so with q already
+// bf16 (native_paged_attention hands the kernel q in the cache's dtype) the scores depart from
+// the float32 path only in the order of the additions and VDPBF16PS's flushing of denormals;
+// p . V is the float32 path's arithmetic in the same order.
+//
+// Included by cpu_attention.cpp only when the compiler targets AVX512-BF16 (the extension is
+// built with -march=native on the machine that runs it); elsewhere the widening path is all
+// there is.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace avx512_bf16 {
+
+constexpr int KEYS = 16;
+constexpr int64_t PER_LOAD = 32;  // bf16 values per 512-bit load: dim must be a multiple
+
+// The reduction leaves slot 4m + k's sum in lane 4k + m: keeping key j's partial sums in slot
+// slot(j) puts its score in lane j with no final permute.
+constexpr int slot(int j) { return (j % 4) * 4 + j / 4; }
+
+// [a's pair sums (8 lanes), b's (8 lanes)]: the upper 256 bits of each added to the lower.
+inline __m512 fold_halves(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+
+// From two [w, x] halves-folded vectors, quarters [w, x, y, z] of 4 lanes each.
+inline __m512 fold_quarters(__m512 wx, __m512 yz) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(wx, yz, 0x88), _mm512_shuffle_f32x4(wx, yz, 0xDD));
+}
+
+// Within each 128-bit quarter: 2 lanes of a's sums, then 2 of b's.
+inline __m512 fold_pairs(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+}
+
+// Within each quarter: one lane each of a's and b's two sums.
+inline __m512 fold_lanes(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+// Lane 4k + m = the sum of the 16 lanes of v[4m + k]: 30 shuffles and 15 adds for 16 sums.
+inline __m512 transpose_sum(const __m512 v[KEYS]) {
+  __m512 quarters[4];
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    quarters[q] = fold_quarters(fold_halves(v[4 * q], v[4 * q + 1]),
+                                fold_halves(v[4 * q + 2], v[4 * q + 3]));
+  }
+  return fold_lanes(fold_pairs(quarters[0], quarters[1]), fold_pairs(quarters[2], quarters[3]));
+}
+
+// Lane j = q . keys[j] over `dim` values (dim % 32 == 0); q and the keys are raw bf16 bits.
+inline __m512 dot16(const uint16_t* q, const uint16_t* const keys[KEYS], int64_t dim) {
+  __m512 acc[KEYS];
+#pragma GCC unroll 16
+  for (int s = 0; s < KEYS; ++s) acc[s] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < dim; d += PER_LOAD) {
+    const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + d);
+#pragma GCC unroll 16
+    for (int j = 0; j < KEYS; ++j) {
+      acc[slot(j)] =
+          _mm512_dpbf16_ps(acc[slot(j)], qv, (__m512bh)_mm512_loadu_si512(keys[j] + d));
+    }
+  }
+  return transpose_sum(acc);
+}
+
+// Where dim d of a row lands in weigh_rows' sums: each 32-dim slice as 16 even dims, then 16 odd.
+inline int64_t lane_of(int64_t d) { return (d & ~int64_t{31}) + ((d & 1) << 4) + ((d & 31) >> 1); }
+
+// sums[r][lane_of(d)] += sum_t probs[r * probs_stride + t] * values[t][d] for R rows, W x 32
+// dims from `d0` at a time: R x 2W independent FMA chains hide the FMA latency; each sum adds
+// its keys in order.
+template <int R, int W>
+inline void weigh_rows(const float* probs, int64_t probs_stride, const uint16_t* const* values,
+                       int64_t count, float* sums_out, int64_t dim) {
+  const __m512i odd_dims = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t d = 0; d < dim; d += W * PER_LOAD) {
+    __m512 sums[R][2 * W];
+    for (int r = 0; r < R; ++r) {
+      for (int k = 0; k < 2 * W; ++k) sums[r][k] = _mm512_loadu_ps(sums_out + r * dim + d + 16 * k);
+    }
+    for (int64_t t = 0; t < count; ++t) {
+      __m512 v[2 * W];
+      for (int w = 0; w < W; ++w) {
+        const __m512i x = _mm512_loadu_si512(values[t] + d + w * PER_LOAD);
+        v[2 * w] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+        v[2 * w + 1] = _mm512_castsi512_ps(_mm512_and_si512(x, odd_dims));
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 p = _mm512_set1_ps(probs[r * probs_stride + t]);
+        for (int k = 0; k < 2 * W; ++k) sums[r][k] = _mm512_fmadd_ps(p, v[k], sums[r][k]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int k = 0; k < 2 * W; ++k) _mm512_storeu_ps(sums_out + r * dim + d + 16 * k, sums[r][k]);
+    }
+  }
+}
+
+// weigh_rows for `rows` rows that see the same keys, 4 rows at a time.
+inline void weigh(const float* probs, int64_t probs_stride, const uint16_t* const* values,
+                  int64_t count, float* sums, int64_t dim, int64_t rows) {
+  const bool wide = dim % (2 * PER_LOAD) == 0;
+  for (int64_t r = 0; r < rows; r += 4) {
+    const float* pr = probs + r * probs_stride;
+    float* sr = sums + r * dim;
+    switch ((rows - r >= 4 ? 4 : rows - r) * (wide ? 2 : 1)) {
+      case 8: weigh_rows<4, 2>(pr, probs_stride, values, count, sr, dim); break;
+      case 6: weigh_rows<3, 2>(pr, probs_stride, values, count, sr, dim); break;
+      case 4:
+        if (wide) weigh_rows<2, 2>(pr, probs_stride, values, count, sr, dim);
+        else weigh_rows<4, 1>(pr, probs_stride, values, count, sr, dim);
+        break;
+      case 3: weigh_rows<3, 1>(pr, probs_stride, values, count, sr, dim); break;
+      case 2:
+        if (wide) weigh_rows<1, 2>(pr, probs_stride, values, count, sr, dim);
+        else weigh_rows<2, 1>(pr, probs_stride, values, count, sr, dim);
+        break;
+      default: weigh_rows<1, 1>(pr, probs_stride, values, count, sr, dim);
+    }
+  }
+}
+
+}  // namespace avx512_bf16
