@@ -360,7 +360,7 @@ void for_each_block(const Problem<T>& p, const Item& item, const T* cache, int64
 }
 
 // Where dim d of an item's sums lies: in place, or as avx512_bf16.h's passes leave it.
-inline int64_t lane(int64_t d, bool bf16_passes) {
+inline int64_t lane(int64_t d, [[maybe_unused]] bool bf16_passes) {
 #if HAS_AVX512_BF16
   if (bf16_passes) return avx512_bf16::lane_of(d);
 #endif
@@ -520,7 +520,7 @@ void weigh_values(const Problem<T>& p, const Item& item, const Span& s, Scratch&
 
 // Whether this item runs the AVX512-BF16 passes (bf16 cache, built in, asked for, dim fits).
 template <typename T>
-bool uses_avx512_bf16(const Problem<T>& p) {
+bool uses_avx512_bf16([[maybe_unused]] const Problem<T>& p) {
 #if HAS_AVX512_BF16
   return std::is_same_v<T, c10::BFloat16> && p.avx512_bf16 && p.dim % avx512_bf16::PER_LOAD == 0;
 #else
