@@ -153,16 +153,25 @@ def test_a_cpu_with_avx512_bf16_gets_its_dot_products() -> None:
 
 @needs_avx512_bf16
 @pytest.mark.parametrize(
-    ("dim", "block", "window"), [(64, 16, None), (64, 5, None), (128, 4, 40), (32, 16, 7)]
+    ("dim", "block", "window", "heads", "kv_heads"),
+    [
+        (64, 16, None, 9, 3),
+        (64, 5, None, 9, 3),
+        (128, 4, 40, 9, 3),
+        (32, 16, 7, 9, 3),
+        (256, 16, None, 8, 1),  # 8 query heads per KV head: two blocks of 4 rows
+        (64, 16, 24, 4, 4),  # one query head per KV head
+        (96, 16, None, 12, 2),  # 6 per KV head (4 + 2 rows); 96: one load per 32 dims
+    ],
 )
-def test_avx512_bf16_passes_match_the_widening_path(dim, block, window) -> None:
+def test_avx512_bf16_passes_match_the_widening_path(dim, block, window, heads, kv_heads) -> None:
     """Both multiply the same bf16 values exactly (a bf16 x bf16 product fits float32) and sum
     in float32; only the order of the score sums differs (~1e-7 relative). After rounding to
     bf16 the outputs are equal but for values that sit on a rounding boundary, one bf16 ulp
     (2^-7 relative at most) apart. Blocks of 5 make chunks of 16 keys cross blocks; dim 32
-    takes the one-load-per-row path, 64 and 128 the two-load one."""
+    and 96 take the one-load-per-row path, 64, 128 and 256 the two-load one."""
     seqs = [(1, 300), (20, 60), (1, 17), (9, 9), (16, 100), (1, 1)]
-    cache, tables, q = _case(seqs, 9, 3, dim, block, torch.bfloat16, window=window, seed=dim)
+    cache, tables, q = _case(seqs, heads, kv_heads, dim, block, torch.bfloat16, window, dim)
     meta = CpuAttention().metadata([n for n, _ in seqs], [c for _, c in seqs], tables, block, CPU)
     fast = CpuAttention(avx512_bf16=True).paged_attention(q, cache.layer(0), meta, window)
     widened = CpuAttention(avx512_bf16=False).paged_attention(q, cache.layer(0), meta, window)
