@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from hypothesis import Phase
 
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.stack import Stack
@@ -28,6 +29,15 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL = "smollm2-135m-instruct"  # the null worker serves it under this name, without weights
 DEFAULT_SOAK_SECONDS = 60.0
 LOAD_NUM_BLOCKS = 4096
+# The fuzz tests' phases: no shrinking unless LAYERSERVE_FUZZ_SHRINK is set. Their examples run
+# against live processes, and a failing one may be a hang, each replay of it a call timeout:
+# shrinking replays it hundreds of times, up to Hypothesis' 5 minutes a test (a CI run lost
+# ~10 minutes so). The failure report still shows the example as drawn, and the error.
+FUZZ_PHASES = tuple(
+    phase
+    for phase in Phase
+    if phase is not Phase.shrink or os.environ.get("LAYERSERVE_FUZZ_SHRINK")
+)
 
 
 @pytest.fixture(scope="session")

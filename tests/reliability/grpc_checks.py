@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from layerserve.common.v1 import common_pb2
-from tests.reliability.conftest import MODEL
+from tests.reliability.conftest import FUZZ_PHASES, MODEL
 from tests.reliability.proto_strategies import ODD_STRINGS, messages
 
 T = TypeVar("T")
@@ -23,7 +23,10 @@ CALL_TIMEOUT = 30.0  # a call still open after this long is a hang
 
 FUZZ = settings(
     max_examples=100,
-    deadline=None,  # real processes on a shared 2-core box: no per-example time limit
+    # Real processes on a shared 2-core box: no per-example time limit of Hypothesis' own,
+    # which would fail a slow example; each call's CALL_TIMEOUT bounds an example instead.
+    deadline=None,
+    phases=FUZZ_PHASES,
     database=None,  # nothing written into the repository
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

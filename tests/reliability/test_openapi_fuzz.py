@@ -31,7 +31,7 @@ from services.gateway.http_json import dumps
 from services.gateway.openapi import openapi_document
 from services.gateway.request_limits import DEFAULT_LIMITS
 from services.stack import Stack
-from tests.reliability.conftest import AUTH, MODEL, serves_normally
+from tests.reliability.conftest import AUTH, FUZZ_PHASES, MODEL, serves_normally
 
 REQUEST_TIMEOUT = 30.0  # seconds; a request still unanswered then is a hang
 FUZZ_MAX_TOKENS = 4
@@ -45,7 +45,8 @@ CONFORMANCE = [
 ]
 FUZZ = settings(
     max_examples=75,
-    deadline=None,
+    deadline=None,  # REQUEST_TIMEOUT bounds each request of an example instead
+    phases=FUZZ_PHASES,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

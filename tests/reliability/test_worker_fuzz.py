@@ -94,10 +94,17 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[worker_pb2_grpc
     log = (tmp_path_factory.mktemp("worker-fuzz") / "worker.log").open("w")
     args = ["--port", str(port), "--num-blocks", str(NUM_BLOCKS)]
     args += ["--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN)]
+    # float32: the steps' checks and sampling are under test, not a dtype's kernels; on a CPU
+    # with native bfloat16 the default packs the file's 4-bit weights first: on a busy
+    # machine the load took 1.5-2x as long (71.5 s against 44.8 s in float32).
+    args += ["--dtype", "float32"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.worker", *args], stdout=log, stderr=subprocess.STDOUT
     )
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    # Redialled at least every second while the worker loads its model: gRPC's default
+    # backoff (1 s, x1.6 a try) let the first call wait up to ~15 s past the worker's start.
+    options = [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 1000)]
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
     try:
         grpc.channel_ready_future(channel).result(timeout=120)
         yield worker_pb2_grpc.WorkerStub(channel)
