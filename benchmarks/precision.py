@@ -56,15 +56,19 @@ def precisions(
     from services.worker.config import WorkerConfig
     from services.worker.dtype_choice import resolve_dtype
     from services.worker.model.loader import default_path
-    from services.worker.model.quant_choice import QUANTIZATION_CHOICES, resolve_quantization
+    from services.worker.model.quant_choice import (
+        QUANTIZATION_CHOICES,
+        keeps_four_bit,
+        resolve_quantization,
+    )
 
     if quantization is not None and quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"--quantization: {quantization!r} is not one of {QUANTIZATION_CHOICES}")
     worker = WorkerConfig.from_args([])  # its defaults, LAYERSERVE_WORKER_* as the worker reads
-    choice = resolve_dtype(dtype or worker.dtype, torch.device("cpu"))
-    weights = resolve_quantization(
-        quantization or worker.quantization, default_path(), "cpu", choice.dtype
-    )
+    quantization = quantization or worker.quantization
+    four_bit = keeps_four_bit(quantization, default_path(), "cpu")
+    choice = resolve_dtype(dtype or worker.dtype, torch.device("cpu"), four_bit_weights=four_bit)
+    weights = resolve_quantization(quantization, default_path(), "cpu", choice.dtype)
     reason = f"{choice.reason}; {weights.reason}"
     made = {
         "default": Precision("default", choice.dtype, weights.method, llama_cpp_type, reason),

@@ -88,9 +88,18 @@ def _with_dtype(config: WorkerConfig, device: str) -> WorkerConfig:
     import torch
 
     from services.worker.dtype_choice import resolve_dtype
+    from services.worker.model.loader import default_path
+    from services.worker.model.quant_choice import keeps_four_bit
 
     try:
-        choice = resolve_dtype(config.dtype, torch.device(device))
+        path = Path(config.model_path) if config.model_path else default_path()
+    except FileNotFoundError:  # the load reports it; the dtype does not depend on it
+        path = None
+    # Tensor-parallel ranks load float weights (config.py refuses --quantization there).
+    whole = config.tensor_parallel_size == 1 and not config.null
+    four_bit = whole and keeps_four_bit(config.quantization, path, torch.device(device).type)
+    try:
+        choice = resolve_dtype(config.dtype, torch.device(device), four_bit_weights=four_bit)
     except (ValueError, RuntimeError) as e:  # RuntimeError: a CUDA device that is not there
         raise SystemExit(f"worker: cannot start: {e}") from None
     log.info("compute dtype %s on %s (%s)", choice.dtype, device, choice.reason)

@@ -4,7 +4,11 @@
 "Issue 18", has the cost): bfloat16 on a CUDA device of compute capability >= 8.0 (float16
 below: no bfloat16 tensor cores there, and Triton refuses it) and on a CPU with native bfloat16
 dot products (AVX512-BF16 or AMX), where its GEMMs run 2x float32's; float32 on any other CPU,
-where torch emulates bfloat16 GEMMs and they run slower than float32's."""
+where torch emulates bfloat16 GEMMs and they run slower than float32's. On a CPU serving a
+GGUF's 4-bit weights as they ship (quant_choice.py), float32 everywhere: the matmuls are int4's
+either way, and a float32 residual stream, norms and KV keep greedy output closest to the float
+reference (24 prompts x 32 tokens: 17 exact against 11 in bfloat16) at about the same speed
+(docs/benchmarks.md, "Issue 29: the CPU default")."""
 
 from __future__ import annotations
 
@@ -34,9 +38,11 @@ def resolve_dtype(
     device: torch.device,
     cpu_bf16: bool | None = None,
     capability: tuple[int, int] | None = None,
+    four_bit_weights: bool = False,
 ) -> DtypeChoice:
     """The dtype for --dtype `choice` on `device`. cpu_bf16 and capability stand for what this
-    machine has (None: read them here); tests pass them."""
+    machine has (None: read them here); tests pass them. four_bit_weights: the model's weights
+    stay 4-bit (quant_choice.keeps_four_bit)."""
     if choice not in DTYPE_CHOICES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {choice!r}")
     if choice != "auto":
@@ -52,6 +58,8 @@ def resolve_dtype(
         return DtypeChoice("float16", f"auto: CUDA compute capability {cc} < 8.0 (no bfloat16)")
     if device.type != "cpu":
         return DtypeChoice("float32", f"auto: {device.type} device")
+    if four_bit_weights:
+        return DtypeChoice("float32", "auto: 4-bit weights on the CPU; float32 for the rest")
     if cpu_bf16 is None:
         cpu_bf16 = cpu_has_bf16()
     if cpu_bf16:

@@ -61,9 +61,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # A small step budget splits long prompts across steps (chunked prefill) and mixes
         # them with running decodes, so the tests exercise both.
         scheduler_args=["--max-num-batched-tokens", "96", "--max-num-seqs", "16"],
-        # float32, not the CPU's default bfloat16: test_reference.py wants the float32 dense
-        # reference's greedy tokens exactly, under batching that bfloat16 rounding would change.
-        worker_args=["--num-blocks", "512", "--dtype", "float32"],
+        # float32 dense weights, not the CPU's default (the file's 4-bit weights through
+        # int4pack, which rounds activations to bfloat16): test_reference.py wants the float32
+        # dense reference's greedy tokens exactly, under batching.
+        worker_args=["--num-blocks", "512", "--dtype", "float32", "--quantization", "none"],
         log_dir=log_dir,
         env={"LAYERSERVE_API_KEYS": API_KEY},
     )

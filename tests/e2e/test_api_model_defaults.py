@@ -58,6 +58,18 @@ def test_the_stack_reads_the_greedy_table(greedy_stack) -> None:
     assert "sampling defaults temperature=0.0" in logs
 
 
+def test_the_readmes_first_question_gets_a_sensible_answer_at_the_worker_defaults(
+    greedy_stack,
+) -> None:
+    # This stack's worker runs at its defaults, as `make run` does (on this CPU: the file's
+    # 4-bit weights kept, float32 for the rest); its greedy answer is what a newcomer sees at
+    # temperature 0. In bfloat16 this file answered "L'Étoile, la Marseillaise, ...".
+    logs = (greedy_stack.config.log_dir / "worker0.log").read_text()
+    assert "compute dtype float32 on cpu (auto: 4-bit weights" in logs
+    assert "weights: quantization gguf (auto:" in logs
+    assert "Paris" in _greedy(greedy_stack, "What is the capital of France?")
+
+
 def test_a_message_without_temperature_is_sampled_as_the_model_says(greedy_stack) -> None:
     # The anthropic SDK has no temperature argument: its users always leave it out.
     claude = anthropic.Anthropic(base_url=greedy_stack.http_url, api_key=API_KEY, max_retries=0)

@@ -306,7 +306,16 @@ def test_a_hung_engine_step_turns_the_worker_and_its_scheduler_not_serving(
         null_worker=False,
         # float32: the prefill step must outlast the scheduler's health poll of the worker
         # (~1.3 s here); in bfloat16, the CPU default, it can end before the poll sees it.
-        worker_args=["--step-timeout-s", "0.05", "--num-blocks", "512", "--dtype", "float32"],
+        worker_args=[
+            "--step-timeout-s",
+            "0.05",
+            "--num-blocks",
+            "512",
+            "--dtype",
+            "float32",
+            "--quantization",
+            "none",
+        ],
     )
     seen: dict[str, set[int]] = {"worker": set(), "scheduler": set()}
     done = threading.Event()

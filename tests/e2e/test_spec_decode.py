@@ -50,7 +50,7 @@ def spec_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "2",
         ],  # fmt: skip
         # float32: the dense reference's greedy tokens, exactly (see conftest.py's stack).
-        worker_args=["--num-blocks", "512", "--dtype", "float32"],
+        worker_args=["--num-blocks", "512", "--dtype", "float32", "--quantization", "none"],
         log_dir=Path(tmp_path_factory.mktemp("spec-stack-logs")),
         env={"LAYERSERVE_API_KEYS": API_KEY},
         metrics_ports={"scheduler": metrics_port},

@@ -25,7 +25,16 @@ PROMPTS = ["Hello", "The capital of France is", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 
 RANK_DIED_EXIT_CODE = 70  # tp_launch.py
 # float32: split across ranks, each matmul sums its halves in another order, and bfloat16 (the
 # CPU default where it is fast) rounds those sums differently enough to flip greedy tokens.
-WORKER_ARGS = ["--num-blocks", "128", "--threads", "1", "--dtype", "float32"]
+WORKER_ARGS = [
+    "--num-blocks",
+    "128",
+    "--threads",
+    "1",
+    "--dtype",
+    "float32",
+    "--quantization",
+    "none",
+]
 
 
 @pytest.fixture(scope="module")

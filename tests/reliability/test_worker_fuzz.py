@@ -97,7 +97,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[worker_pb2_grpc
     # float32: the steps' checks and sampling are under test, not a dtype's kernels; on a CPU
     # with native bfloat16 the default packs the file's 4-bit weights first: on a busy
     # machine the load took 1.5-2x as long (71.5 s against 44.8 s in float32).
-    args += ["--dtype", "float32"]
+    args += ["--dtype", "float32", "--quantization", "none"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.worker", *args], stdout=log, stderr=subprocess.STDOUT
     )

@@ -96,7 +96,16 @@ def test_killed_replica_of_the_real_model_moves_its_streams_and_rejoins(
         # (its prompt and output as one prefill) rounds otherwise than the decode steps it
         # replaces, and 2-3 of the 8 texts parted from the reference after some 20 tokens.
         # float32 also loads faster (no int4 packing): 25 s a worker instead of 30-44 s.
-        worker_args=["--device", "cpu", "--num-blocks", "256", "--dtype", "float32"],
+        worker_args=[
+            "--device",
+            "cpu",
+            "--num-blocks",
+            "256",
+            "--dtype",
+            "float32",
+            "--quantization",
+            "none",
+        ],
         scheduler_args=["--routing", "round-robin"],
         ready_timeout=300,
     )

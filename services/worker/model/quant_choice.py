@@ -1,12 +1,12 @@
 """Which weight format the worker computes with: --quantization, "auto" resolved at load.
 
 "auto" keeps a GGUF file's 4-bit weights as the file stores them ("gguf", model/gguf_weights.py)
-when the model runs on the CPU in bfloat16 or float16: torch's int4 kernel reads a quarter of
-bfloat16's bytes and measured faster than the float weights at batch 1 and even at 16
-(docs/benchmarks.md, "Issue 29: 4-bit weights, served as they ship"). Anything else stays as
-loaded ("none"): float32 compute (int4pack would compute in bfloat16, which float32 was chosen
-or asked to avoid), a float checkpoint (int8/int4 from floats cost quality the file's own 4-bit
-values do not), or a CUDA device, where the Triton int4 kernel is not measured yet."""
+when the model runs on the CPU, in any compute dtype: torch's int4 kernel reads a quarter of
+bfloat16's bytes and measured about 2x the float weights' decode speed at batch 1 (float32
+activations go through it as bfloat16; docs/benchmarks.md, "Issue 29: 4-bit weights, served as
+they ship" and "the CPU default"). Anything else stays as loaded ("none"): a float checkpoint
+(int8/int4 from floats cost quality the file's own 4-bit values do not), or a CUDA device, where
+the Triton int4 kernel is not measured yet."""
 
 from __future__ import annotations
 
@@ -35,15 +35,26 @@ def resolve_quantization(
         )
     if choice != "auto":
         return QuantizationChoice(choice, "--quantization")
+    if not file_has_four_bit(path):
+        return QuantizationChoice("none", "auto: not a GGUF file with Q4_0/Q4_1 tensors")
+    if device_type != "cpu":
+        return QuantizationChoice("none", f"auto: no measured 4-bit kernel on {device_type} yet")
+    return QuantizationChoice("gguf", "auto: the file's Q4_0/Q4_1 weights kept 4-bit (int4pack)")
+
+
+def keeps_four_bit(choice: str, path: Path | None, device_type: str) -> bool:
+    """Whether --quantization `choice` will keep the file at `path`'s 4-bit weights on a
+    `device_type` device, whatever the compute dtype (dtype_choice.py asks, before the load)."""
+    if path is None or choice not in ("auto", "gguf") or not file_has_four_bit(path):
+        return False
+    return choice == "gguf" or device_type == "cpu"
+
+
+def file_has_four_bit(path: Path) -> bool:
+    """Whether `path` is a GGUF file holding Q4_0/Q4_1 tensors (reads its header only)."""
     if path.suffix != ".gguf" or not path.is_file():
-        return QuantizationChoice("none", "auto: not a GGUF file, weights as loaded")
+        return False
     from services.common.gguf_file import GGUFFile
     from services.worker.model.gguf_weights import has_four_bit
 
-    if not has_four_bit(GGUFFile(path)):
-        return QuantizationChoice("none", "auto: no Q4_0/Q4_1 tensors in the file")
-    if device_type != "cpu":
-        return QuantizationChoice("none", f"auto: no measured 4-bit kernel on {device_type} yet")
-    if dtype == "float32":  # asked for, or no native bfloat16 on this CPU
-        return QuantizationChoice("none", "auto: float32 compute; int4pack computes in bfloat16")
-    return QuantizationChoice("gguf", "auto: the file's Q4_0/Q4_1 weights kept 4-bit (int4pack)")
+    return has_four_bit(GGUFFile(path))

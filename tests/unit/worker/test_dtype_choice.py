@@ -23,6 +23,14 @@ def test_auto_on_a_cpu_follows_its_bfloat16_instructions() -> None:
     assert "AVX512-BF16" in resolve_dtype("auto", CPU, cpu_bf16=True).reason
 
 
+def test_auto_on_a_cpu_keeping_4_bit_weights_is_float32() -> None:
+    # The matmuls are int4's either way; float32 for the rest stays closest to the reference.
+    choice = resolve_dtype("auto", CPU, cpu_bf16=True, four_bit_weights=True)
+    assert choice.dtype == "float32" and "4-bit weights" in choice.reason
+    assert resolve_dtype("bfloat16", CPU, cpu_bf16=True, four_bit_weights=True).dtype == "bfloat16"
+    assert resolve_dtype("auto", CUDA, capability=(9, 0), four_bit_weights=True).dtype == "bfloat16"
+
+
 def test_auto_on_cuda_is_bfloat16_from_ampere_on() -> None:
     assert resolve_dtype("auto", CUDA, capability=(9, 0)).dtype == "bfloat16"
     assert resolve_dtype("auto", CUDA, capability=(8, 0)).dtype == "bfloat16"

@@ -116,14 +116,19 @@ def test_rows_stack_and_reorder() -> None:
 
 def test_auto_keeps_a_4_bit_gguf_on_the_cpu_only(tmp_path) -> None:
     from services.worker.model.loader import default_path
-    from services.worker.model.quant_choice import resolve_quantization
+    from services.worker.model.quant_choice import keeps_four_bit, resolve_quantization
 
     packaged = default_path()  # SmolLM2 Q4_1
     assert resolve_quantization("auto", packaged, "cpu").method == "gguf"
     assert resolve_quantization("auto", packaged, "cuda").method == "none"
-    # float32 asked for (the e2e stack's dense reference): int4pack would compute in bfloat16
-    assert resolve_quantization("auto", packaged, "cpu", "float32").method == "none"
+    assert resolve_quantization("auto", packaged, "cpu", "float32").method == "gguf"
     assert resolve_quantization("auto", tmp_path, "cpu").method == "none"  # a float checkpoint
+    # What --dtype auto asks before the load (the worker then computes the rest in float32).
+    assert keeps_four_bit("auto", packaged, "cpu") and keeps_four_bit("gguf", packaged, "cuda")
+    assert not keeps_four_bit("auto", packaged, "cuda") and not keeps_four_bit(
+        "none", packaged, "cpu"
+    )
+    assert not keeps_four_bit("auto", tmp_path, "cpu") and not keeps_four_bit("auto", None, "cpu")
     assert resolve_quantization("int8", packaged, "cpu").reason == "--quantization"
     with pytest.raises(ValueError, match="--quantization must be one of auto, none"):
         resolve_quantization("fp4", packaged, "cpu")

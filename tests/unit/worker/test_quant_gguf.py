@@ -53,9 +53,12 @@ def test_kept_4_bit_greedy_text_follows_the_float_load(
     assert sum(prefixes) / (NEW_TOKENS * len(prompts)) >= MIN_PREFIX_AGREEMENT, prefixes
 
 
-def test_auto_leaves_float32_compute_as_loaded_and_says_why(
+def test_auto_keeps_the_files_4_bit_weights_under_float32_compute_and_says_why(
     smollm: LoadedModel, caplog: pytest.LogCaptureFixture
 ) -> None:
+    copied = dataclasses.replace(smollm, model=copy.deepcopy(smollm.model))
     with caplog.at_level("INFO", logger="services.worker.model.quant"):
-        assert quantize_loaded(smollm, "auto") is smollm  # float32: int4pack would be bfloat16
-    assert "quantization none (auto: float32 compute" in caplog.text
+        kept = quantize_loaded(copied, "auto")
+    assert "quantization gguf (auto: the file's Q4_0/Q4_1 weights kept 4-bit" in caplog.text
+    assert any(isinstance(b, Int4Weight) for b in kept.model.buffers())
+    assert kept.fingerprint != smollm.fingerprint
