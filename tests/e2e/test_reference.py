@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import torch
-
-from services.tokenizer.loader import load_tokenizer
-from services.worker.model.loader import default_path, load_model
 from tests.e2e.helpers import greedy_tokens
-from tests.reference_models import greedy_generate
+from tests.reference_models import default_model_greedy
 
 NEW_TOKENS = 12
 PROMPTS = [
@@ -26,22 +22,8 @@ PROMPTS = [
 NOISE = ["Tell me about the history of Rome. " * n for n in (1, 5, 12)]
 
 
-def dense_reference(prompts: list[str]) -> list[list[int]]:
-    """The reference's greedy tokens, on one torch thread: on two cores shared with the
-    stack's processes (and, on a busy machine, others), a second OpenMP thread waits at
-    every op's barrier for a core: one token took 6-15 s so, 0.2 s on one thread."""
-    tokenizer = load_tokenizer(None)
-    loaded = load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return [greedy_generate(loaded, tokenizer.encode(p), NEW_TOKENS) for p in prompts]
-    finally:
-        torch.set_num_threads(threads)
-
-
 def test_greedy_tokens_equal_the_dense_reference_under_concurrency(stack):
-    expected = dense_reference(PROMPTS)
+    expected = default_model_greedy(PROMPTS, NEW_TOKENS)
 
     one_at_a_time = [greedy_tokens(stack, p, NEW_TOKENS) for p in PROMPTS[:2]]
     assert one_at_a_time == expected[:2]

@@ -13,15 +13,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from services.stack import Stack
 from services.tokenizer.loader import load_tokenizer
-from services.worker.model.loader import default_path, load_model
 from tests.e2e.conftest import API_KEY, MODEL, free_ports, loopback_config, start_stack
 from tests.e2e.helpers import greedy_tokens, post
 from tests.prometheus_text import Scrape
-from tests.reference_models import greedy_generate
+from tests.reference_models import default_model_greedy
 
 NEW_TOKENS = 24
 REPEATING = "The quick brown fox jumps over the lazy dog. " * 12
@@ -71,9 +69,7 @@ def _scheduler_metrics(stack: Stack) -> Scrape:
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, list[int]]:
-    tokenizer = load_tokenizer(None)
-    loaded = load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
-    return {p: greedy_generate(loaded, tokenizer.encode(p), NEW_TOKENS) for p in PROMPTS}
+    return dict(zip(PROMPTS, default_model_greedy(PROMPTS, NEW_TOKENS), strict=True))
 
 
 def test_greedy_tokens_equal_the_reference_with_proposals_accepted(spec_stack, reference):

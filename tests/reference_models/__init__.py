@@ -8,10 +8,30 @@ DenseKV (dense_kv.py); greedy_generate below drives whichever fits the model."""
 
 from __future__ import annotations
 
+import torch
+
+from services.tokenizer.loader import load_tokenizer
 from services.worker.model.llama import LlamaModel
 from services.worker.model.loaded import LoadedModel
+from services.worker.model.loader import default_path, load_model
 from tests.reference_models import gemma3_reference, llama_reference
 from tests.reference_models.dense_kv import DenseKV
+
+
+def default_model_greedy(prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+    """greedy_generate of each prompt on the default model in float32, on one torch thread:
+    the e2e tests run it in the pytest process, on two cores shared with a stack's four
+    processes (and, on a busy machine, with others), where a second OpenMP thread waits for a
+    core at every op's barrier. Load average ~12: a decode token took 6-15 s on two threads,
+    0.2 s on one."""
+    tokenizer = load_tokenizer(None)
+    loaded = load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return [greedy_generate(loaded, tokenizer.encode(p), max_new_tokens) for p in prompts]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def greedy_generate(
