@@ -1,7 +1,7 @@
 """Where a batch-1 decode step's time goes: matmuls, attention, and the rest (host work).
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.step_profile [--steps 64] [--prompt 128]
-        [--batch 1] [--dtype bfloat16] [--quantization int8] [--threads 1]
+        [--batch 1] [--dtype bfloat16] [--quantization int8|int4|gguf|none] [--threads 1]
 
 The bundled SmolLM2-135M GGUF, as the worker would hold it (--dtype, --quantization; the tied
 embedding/head quantized with the rest when --head-int8), on the worker's ModelRunner with its
@@ -142,7 +142,8 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=128, help="prompt tokens per sequence")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    p.add_argument("--quantization", default="int8", choices=["none", "int8"])
+    p.add_argument("--quantization", default="int8", choices=["none", "int8", "int4", "gguf"],
+                   help="gguf: the file's 4-bit weights kept as stored (int4pack)")  # fmt: skip
     p.add_argument("--head-int8", action="store_true", help="the embedding/head in int8 too")
     p.add_argument("--threads", type=int, default=1, help="torch threads (CPU time needs 1)")
     args = p.parse_args()

@@ -62,6 +62,13 @@ class AttentionBackend(Protocol):
         """x [T, d] -> [T, d]."""
         ...
 
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """residual += x in place, then rms_norm(residual): a pre-norm block's residual add and
+        the next norm as one call. x, residual [T, d] -> [T, d]; x may be overwritten."""
+        ...
+
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[T, 2I] (gate | up) -> silu(gate) * up [T, I]."""
         ...

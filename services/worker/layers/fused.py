@@ -11,7 +11,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.layers.hf_names import attention_targets, mlp_targets
+from services.worker.layers.quantized_weight import QuantizedWeight
 from services.worker.layers.weights import empty_weight
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight) with no bias. A QuantizedWeight answers F.linear through torch's
+    __torch_function__, a Python round trip of several µs per call (at batch 1 on the CPU,
+    SmolLM2 makes 120 such calls a step); its linear() is called here directly instead."""
+    if isinstance(weight, QuantizedWeight):
+        return weight.linear(x, None)
+    return F.linear(x, weight)
 
 
 class FusedAttention(nn.Module):
@@ -38,14 +48,16 @@ class FusedAttention(nn.Module):
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, d] -> q [T, H, D], k and v [T, Hkv, D]."""
         heads = self.num_heads + 2 * self.num_kv_heads
-        qkv = F.linear(x, self.qkv_proj).view(x.shape[0], heads, self.head_dim)
-        # One view and one split (two dispatches), not a split and three views.
-        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+        qkv = linear(x, self.qkv_proj).view(x.shape[0], heads, self.head_dim)
+        # One view and one split (two dispatches), not a split and three views; split_with_sizes
+        # is Tensor.split without its Python wrapper (half of split's cost at batch 1).
+        sizes = [self.num_heads, self.num_kv_heads, self.num_kv_heads]  # tensor_parallel shards
+        q, k, v = qkv.split_with_sizes(sizes, 1)
         return q, k, v
 
     def project_out(self, out: torch.Tensor) -> torch.Tensor:
         """Attention output [T, H, D] -> [T, d]."""
-        return F.linear(out.reshape(out.shape[0], self.q_size), self.o_proj)
+        return linear(out.reshape(out.shape[0], self.q_size), self.o_proj)
 
     def hf_targets(self) -> dict[str, torch.Tensor]:
         """HF names (within a layer) -> the slices of the fused weights holding them."""

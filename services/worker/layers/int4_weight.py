@@ -74,6 +74,10 @@ class Int4PackMM:
 
     def __call__(self, x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
         pairs = weight.scales_and_zeros
+        if x.dim() == 2 and x.is_contiguous():  # the model's [T, d]: no reshapes to dispatch
+            flat = x if x.dtype == pairs.dtype else x.to(pairs.dtype)  # float32: through bf16
+            out = torch._weight_int4pack_mm_for_cpu(flat, weight.tiles, GROUP_SIZE, pairs)
+            return out if out.dtype == x.dtype else out.to(x.dtype)
         flat = x.reshape(-1, x.shape[-1]).to(pairs.dtype).contiguous()
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight.tiles, GROUP_SIZE, pairs)
         return out.to(x.dtype).reshape(*x.shape[:-1], weight.tiles.shape[0])

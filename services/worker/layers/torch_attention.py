@@ -67,6 +67,11 @@ class TorchAttention:
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return torch_ops.rms_norm(x, weight, eps)
 
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        return torch_ops.rms_norm(residual.add_(x), weight, eps)
+
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return torch_ops.silu_mul(gate_up)
 

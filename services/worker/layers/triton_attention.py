@@ -13,7 +13,7 @@ import torch
 from services.worker.kernels.cache_write import write_kv_cache
 from services.worker.kernels.decode_attention import decode_attention
 from services.worker.kernels.prefill_attention import prefill_attention
-from services.worker.kernels.rms_norm import rms_norm
+from services.worker.kernels.rms_norm import add_rms_norm, rms_norm
 from services.worker.kernels.rope import apply_rope
 from services.worker.kernels.silu_mul import silu_mul
 from services.worker.layers.attention_metadata import AttentionMetadata, lay_out
@@ -76,6 +76,13 @@ class TritonAttention:
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        # One launch: the kernel rounds the sum to the dtype, then norms it as rms_norm does.
+        out, _ = add_rms_norm(x, residual, weight, eps, inplace=True)
+        return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return silu_mul(gate_up)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.layers.attention import TORCH, AttentionBackend, StepAttention
-from services.worker.layers.fused import FusedAttention, FusedGatedMLP
+from services.worker.layers.fused import FusedAttention, FusedGatedMLP, linear
 from services.worker.layers.hf_names import per_layer
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.layers.rotary import RopeTables
@@ -66,30 +66,39 @@ class LlamaMLP(FusedGatedMLP):
 
     def forward(self, x: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         """SwiGLU: x [T, d] -> [T, d]."""
-        gate_up = F.linear(x, self.gate_up_proj)  # [T, 2I]: gate | up
-        return F.linear(backend.silu_mul(gate_up), self.down_proj)
+        gate_up = linear(x, self.gate_up_proj)  # [T, 2I]: gate | up
+        return linear(backend.silu_mul(gate_up), self.down_proj)
 
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer: int, dtype: torch.dtype, device: torch.device):
         super().__init__()
-        eps = config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, self.eps, dtype, device)
         self.self_attn = LlamaAttention(config, layer, dtype, device)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, self.eps, dtype, device)
         self.mlp = LlamaMLP(config, dtype, device)
 
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
         rotary: tuple[torch.Tensor, torch.Tensor],
         attn: StepAttention,
         cache: PagedKVCache,
-    ) -> torch.Tensor:
-        """Pre-norm residual block: x [T, d] -> [T, d]."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm residual block, its adds fused into the norms after them (as vLLM's
+        fused_add_rms_norm): x [T, d] is the previous layer's MLP output, not yet added to the
+        residual stream [T, d] (None at the first layer, whose x is the stream). Returns this
+        layer's MLP output and the stream, updated in place: the caller adds the two."""
         backend = attn.backend
-        x = x + self.self_attn(self.input_layernorm(x, backend), rotary, attn, cache)
-        return x + self.mlp(self.post_attention_layernorm(x, backend), backend)
+        if residual is None:
+            residual, h = x, backend.rms_norm(x, self.input_layernorm.weight, self.eps)
+        else:
+            h = backend.add_rms_norm(x, residual, self.input_layernorm.weight, self.eps)
+        h = self.self_attn(h, rotary, attn, cache)
+        h = backend.add_rms_norm(h, residual, self.post_attention_layernorm.weight, self.eps)
+        return self.mlp(h, backend), residual
 
 
 class LlamaModel(nn.Module):
@@ -128,11 +137,13 @@ class LlamaModel(nn.Module):
         """input_ids, positions: [T] (several sequences flattened) -> final-normed hidden [T, d].
 
         positions drive RoPE; attn (its slot mapping and block tables) drives the cache."""
-        x = F.embedding(input_ids, self.embed_tokens)  # [T, d]
+        x = F.embedding(input_ids, self.embed_tokens)  # [T, d], the residual stream's start
         rotary = attn.backend.rotary(self.rope.cos, self.rope.sin, positions, x.dtype)
+        residual = None
         for layer in self.layers:
-            x = layer(x, rotary, attn, kv_cache)
-        return self.norm(x, attn.backend)
+            x, residual = layer(x, residual, rotary, attn, kv_cache)
+        assert residual is not None  # a model has layers
+        return attn.backend.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, d] -> logits [N, V] float32 (tied embeddings unless lm_head exists)."""
