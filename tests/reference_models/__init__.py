@@ -19,25 +19,30 @@ from tests.reference_models.dense_kv import DenseKV
 
 
 def default_model_greedy(prompts: list[str], max_new_tokens: int) -> list[list[int]]:
-    """greedy_generate of each prompt on the default model in float32, on one torch thread:
-    the e2e tests run it in the pytest process, on two cores shared with a stack's four
-    processes (and, on a busy machine, with others), where a second OpenMP thread waits for a
-    core at every op's barrier. Load average ~12: a decode token took 6-15 s on two threads,
-    0.2 s on one."""
+    """greedy_generate of each prompt on the default model, dense in float32."""
     tokenizer = load_tokenizer(None)
     loaded = load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return [greedy_generate(loaded, tokenizer.encode(p), max_new_tokens) for p in prompts]
-    finally:
-        torch.set_num_threads(threads)
+    return [greedy_generate(loaded, tokenizer.encode(p), max_new_tokens) for p in prompts]
 
 
 def greedy_generate(
     loaded_model: LoadedModel, prompt_ids: list[int], max_new_tokens: int
 ) -> list[int]:
-    """Greedy continuation of prompt_ids: the max_new_tokens argmax tokens (no EOS stop)."""
+    """Greedy continuation of prompt_ids: the max_new_tokens argmax tokens (no EOS stop).
+
+    On one torch thread: tests run it in the pytest process on two cores shared with other
+    processes (a stack's four, on a busy machine others' too), where a second OpenMP thread
+    waits for a core at every op's barrier. Load average ~12: a decode token of SmolLM2 took
+    6-15 s on two threads, 0.2 s on one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _greedy(loaded_model, prompt_ids, max_new_tokens)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _greedy(loaded_model: LoadedModel, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     model = loaded_model.model
     reference = llama_reference if isinstance(model, LlamaModel) else gemma3_reference
     kv = DenseKV(model.config.num_layers)
