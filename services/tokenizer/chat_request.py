@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from layerserve.tokenizer.v1 import tokenizer_pb2
+from services.common.errors import InvalidArgument
 from services.tokenizer.text_model import TextModel
 from services.tokenizer.tool_format import ToolFormat, choose_tool_format
 from services.tokenizer.tool_parser import JsonToolCallParser, ToolCallParser
@@ -73,3 +74,28 @@ def _json_or_text(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def tokenize(model: TextModel, msg, tool_parser: str = "auto") -> list[int]:
+    """Prompt token ids of a GenerateRequest or TokenizeRequest (runs in a worker thread).
+    tool_parser (--tool-parser) names how the model's family is told about tools."""
+    which = msg.WhichOneof("input")
+    if which == "chat":
+        if model.chat_template is None:  # named as served, not as its file or folder is
+            raise InvalidArgument(
+                f"model {msg.model!r} has no chat template: a base model takes a prompt "
+                "(/v1/completions), a sentence-embedding model text to /v1/embeddings",
+                param="messages",
+            )
+        tools = chat_tools(msg) if isinstance(msg, tokenizer_pb2.GenerateRequest) else []
+        return model.encode_chat(
+            chat_messages(msg.chat),
+            msg.chat.add_generation_prompt,
+            tools,
+            tool_format_of(tool_parser, model),
+        )
+    if which == "prompt_token_ids":
+        ids = list(msg.prompt_token_ids.ids)
+        model.validate_ids(ids)
+        return ids
+    return model.encode(msg.prompt)

@@ -21,12 +21,7 @@ from services.common.errors import (
 from services.common.grpc_util import call_domain
 from services.common.mux import Outbox, session_batches
 from services.common.sampling_proto import POOLING
-from services.tokenizer.chat_request import (
-    chat_messages,
-    chat_tools,
-    tool_call_parser,
-    tool_format_of,
-)
+from services.tokenizer.chat_request import tokenize, tool_call_parser, tool_format_of
 from services.tokenizer.loader import load_tokenizer
 from services.tokenizer.migration import DEFAULT_MAX_MIGRATIONS, MigratingSink
 from services.tokenizer.model_catalog import ModelCatalog
@@ -45,31 +40,6 @@ log = logging.getLogger(__name__)
 GenerateOutput = tokenizer_pb2.GenerateOutput
 _UNSPECIFIED = common_pb2.FINISH_REASON_UNSPECIFIED
 _SHUTTING_DOWN = Unavailable("the tokenizer service is shutting down; retry shortly")
-
-
-def tokenize(model: TextModel, msg, tool_parser: str = "auto") -> list[int]:
-    """Prompt token ids of a GenerateRequest or TokenizeRequest (runs in a worker thread).
-    tool_parser (--tool-parser) names how the model's family is told about tools."""
-    which = msg.WhichOneof("input")
-    if which == "chat":
-        if model.chat_template is None:  # named as served, not as its file or folder is
-            raise InvalidArgument(
-                f"model {msg.model!r} has no chat template: a base model takes a prompt "
-                "(/v1/completions), a sentence-embedding model text to /v1/embeddings",
-                param="messages",
-            )
-        tools = chat_tools(msg) if isinstance(msg, tokenizer_pb2.GenerateRequest) else []
-        return model.encode_chat(
-            chat_messages(msg.chat),
-            msg.chat.add_generation_prompt,
-            tools,
-            tool_format_of(tool_parser, model),
-        )
-    if which == "prompt_token_ids":
-        ids = list(msg.prompt_token_ids.ids)
-        model.validate_ids(ids)
-        return ids
-    return model.encode(msg.prompt)
 
 
 def _wants_prompt_logprobs(request: tokenizer_pb2.GenerateRequest) -> bool:

@@ -8,8 +8,8 @@ import pytest
 from layerserve.tokenizer.v1 import tokenizer_pb2
 from services.common.errors import InvalidArgument
 from services.launcher_embedding import installed_minilm
+from services.tokenizer.chat_request import tokenize
 from services.tokenizer.hf_tokenizer import load_hf_tokenizer
-from services.tokenizer.server import tokenize
 
 
 def _minilm_directory():
