@@ -36,6 +36,7 @@ try:  # read at import: a bad value stops the process before it starts (one line
     KEEPALIVE_TIMEOUT_S = env_float("GRPC_KEEPALIVE_TIMEOUT_S", 10.0)
 except SettingError as _err:
     exit_for_setting("layerserve", _err)
+RECONNECT_BACKOFF_MS = (500, 2_000)  # first and longest wait between dials
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MESSAGE_LIMIT),
     ("grpc.max_receive_message_length", MESSAGE_LIMIT),
@@ -47,6 +48,12 @@ CHANNEL_OPTIONS = [
     # Keep pinging while a call waits for an answer that does not come (no data either way):
     # by default a client stops after two pings without data, and a hang would go unseen.
     ("grpc.http2.max_pings_without_data", 0),
+    # Redial a peer that is not there yet (a worker loading its model, a service restarting)
+    # every 0.5-2 s: gRPC's default backoff grows 1.6x a try up to 2 min, so a scheduler that
+    # started dialling a loading worker connected 4-27 s after the worker was ready.
+    ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+    ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
 ]
 # The clients above ping every KEEPALIVE_S, idle or not. A server's default policy takes a ping
 # sooner than 5 min after the last one without data as abuse, and after two it sends GOAWAY
