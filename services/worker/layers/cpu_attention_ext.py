@@ -1,7 +1,7 @@
 """The C++ CPU attention extension (csrc/: cpu_attention.cpp with avx512_bf16.h, rope.cpp,
-small_ops.cpp): built once by `make install` (python -m services.worker.layers.cpu_attention_ext)
-with torch's extension tooling, loaded by the worker at start-up as
-torch.ops.layerserve.paged_attention, rope_ and silu_mul.
+small_ops.cpp, q8_0_matmul.cpp): built once by `make install` (python -m
+services.worker.layers.cpu_attention_ext) with torch's extension tooling, loaded by the worker
+at start-up as torch.ops.layerserve.paged_attention, rope_, silu_mul and q8_0_linear.
 
 It is compiled for the machine that builds it (-march=native), so the build directory is keyed
 by the source, the flags, torch's version and this CPU's instruction sets: a changed source or a
@@ -26,8 +26,13 @@ import torch
 
 NAME = "layerserve_cpu_attention"
 SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.cpp"
-# One library: paged_attention, rope_ and silu_mul.
-SOURCES = (SOURCE, SOURCE.with_name("rope.cpp"), SOURCE.with_name("small_ops.cpp"))
+# One library: paged_attention, rope_, silu_mul and q8_0_linear.
+SOURCES = (
+    SOURCE,
+    SOURCE.with_name("rope.cpp"),
+    SOURCE.with_name("small_ops.cpp"),
+    SOURCE.with_name("q8_0_matmul.cpp"),
+)
 HEADERS = (SOURCE.with_name("avx512_bf16.h"),)  # not compiled alone, but part of the build's key
 BUILD_ROOT = Path(__file__).resolve().parents[3] / "build" / "cpu_attention"  # .gitignore'd
 # -fno-math-errno lets std::floor and friends vectorise; no -ffast-math: the kernel's

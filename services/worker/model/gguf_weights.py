@@ -5,20 +5,28 @@ parameter whose every piece the file holds as Q4_0 or Q4_1 is replaced by an Int
 decoded straight from the file's blocks (layers/gguf_quant.py), so it computes with exactly the
 file's values (rounded to the compute dtype's scales). A fused parameter (q/k/v, gate/up) is
 its pieces' rows stacked in the order the model lays them out; q/k rows are un-permuted as the
-float loader does (gguf_loader.gguf_to_hf_rows). Other types (Q8_0, F32, K-quants) stay as
-loaded, in the compute dtype."""
+float loader does (gguf_loader.gguf_to_hf_rows). A Q8_0 embedding table / output head (tied or
+not) in a float32 model on the CPU becomes a Q8_0Weight of the file's blocks when the C++ op
+that reads them is built (layers/q8_0_weight.py). Other types (F32, K-quants, Q8_0 elsewhere)
+stay as loaded, in the compute dtype."""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import torch
 from torch import nn
 
 from services.common.gguf_file import GGUFFile
-from services.worker.layers.gguf_quant import FOUR_BIT_TYPES, GroupQuant, decode_blocks
+from services.worker.layers.gguf_quant import FOUR_BIT_TYPES, Q8_0, GroupQuant, decode_blocks
 from services.worker.layers.int4_weight import Int4Weight
+from services.worker.layers.q8_0_weight import Q8_0Weight, q8_0_op_available
 from services.worker.model.gguf_loader import gguf_to_hf_rows, hf_name, read_field
 from services.worker.model.loaded import LoadedModel
+
+log = logging.getLogger(__name__)
+_TABLES = ("embed_tokens", "lm_head")  # the model's attributes a Q8_0 table can replace
 
 
 def four_bit_tensors(reader: GGUFFile, num_heads: int, num_kv_heads: int) -> dict[str, GroupQuant]:
@@ -45,8 +53,9 @@ def has_four_bit(reader: GGUFFile) -> bool:
 
 def keep_gguf_quantized(loaded: LoadedModel, kernel: str = "auto") -> int:
     """Replaces, in place, each parameter of `loaded` (a llama GGUF) that the file holds in
-    4-bit with an Int4Weight of the file's values. Returns how many were replaced (0 for any
-    other file)."""
+    4-bit with an Int4Weight of the file's values, and its Q8_0 embedding / head with a
+    Q8_0Weight where that can compute (keep_q8_0_tables). Returns how many were replaced (0 for
+    any other file)."""
     path = loaded.path
     if path is None or path.suffix != ".gguf":
         return 0
@@ -71,7 +80,30 @@ def keep_gguf_quantized(loaded: LoadedModel, kernel: str = "auto") -> int:
             del module._parameters[name]
             module.register_buffer(name, Int4Weight(device_groups, param.dtype, kernel))
             replaced += 1
-    return replaced
+    return replaced + keep_q8_0_tables(loaded, reader)
+
+
+def keep_q8_0_tables(loaded: LoadedModel, reader: GGUFFile) -> int:
+    """Replaces the model's embedding table and output head (one tensor when tied) with a
+    Q8_0Weight where the file stores them as Q8_0, the model computes in float32 on the CPU and
+    the op is built; otherwise they stay as loaded (float), said once in the log."""
+    model = loaded.model
+    stored = {hf_name(t.name): t for t in reader.tensors if t.tensor_type == Q8_0}
+    wanted = [a for a in _TABLES if isinstance(getattr(model, a, None), nn.Parameter)]
+    wanted = [a for a in wanted if f"{a}.weight" in stored]
+    if not wanted:
+        return 0
+    table = getattr(model, wanted[0])
+    if table.device.type != "cpu" or table.dtype != torch.float32:
+        return 0
+    if not q8_0_op_available():
+        log.info("Q8_0 embedding/head kept as float32: the C++ extension is not built")
+        return 0
+    for attr in wanted:
+        groups = decode_blocks(stored[f"{attr}.weight"].data, Q8_0)
+        del model._parameters[attr]
+        model.register_buffer(attr, Q8_0Weight(groups))
+    return len(wanted)
 
 
 def _pieces_by_storage(targets: dict[str, torch.Tensor]) -> dict[int, list[str]]:

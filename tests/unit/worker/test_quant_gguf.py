@@ -35,8 +35,8 @@ def test_q4_1_linears_are_kept_4_bit_and_stand_for_the_files_weights(
     assert len(kept) == 4 * smollm.config.num_layers  # qkv, o, gate_up, down in every layer
     for name, weight in kept.items():  # fused, q/k rows un-permuted, exactly the file's values
         assert torch.equal(weight.dequantized(), floats[name]), name
-    remaining = dict(smollm_gguf.model.named_parameters())
-    assert remaining["embed_tokens"].dtype == torch.float32  # Q8_0 in the file: loaded as float
+    # Q8_0 in the file: a float parameter, or a Q8_0Weight standing for float32 values
+    assert smollm_gguf.model.embed_tokens.dtype == torch.float32
     assert smollm_gguf.fingerprint != smollm.fingerprint
     linear_float_bytes = sum(floats[n].numel() * 4 for n in kept)
     saved = weight_bytes(smollm.model) - weight_bytes(smollm_gguf.model)

@@ -1,0 +1,77 @@
+"""GGUF's Q8_0 kept as the file stores it: int8 values with one scale per 32 input columns,
+w = d * q. Q8_0Weight is the QuantizedWeight (quantized_weight.py) of this format, made for a
+float32 model on the CPU, where it serves a tied embedding table (lookups dequantize the rows
+they read) and the output head (torch.ops.layerserve.q8_0_linear, csrc/q8_0_matmul.cpp, which
+reads the 1.06 bytes a weight once per call instead of float32's 4).
+
+The values are the file's exactly: float16 d times an int8 q is exact in float32, so a lookup
+gives the float loader's rows bit for bit and the head differs from the float32 GEMM only in
+summation order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from services.worker.layers.gguf_quant import GROUP_SIZE, GroupQuant
+from services.worker.layers.quantized_weight import QuantizedWeight
+
+# Above this many activation rows (a prefill chunk) the op's one-row-tile-at-a-time loop loses
+# to float32 BLAS on a dequantized copy; decode batches are far below it.
+Q8_0_OP_MAX_ROWS = 16
+
+
+def q8_0_op_available() -> bool:
+    """Whether the C++ extension with torch.ops.layerserve.q8_0_linear is built and loaded."""
+    from services.worker.layers import cpu_attention_ext
+
+    return cpu_attention_ext.load() and hasattr(torch.ops.layerserve, "q8_0_linear")
+
+
+class Q8_0Weight(QuantizedWeight):
+    """A float32 weight [out, in] held as int8 q [out, in] and float32 scales d [out, in / 32]."""
+
+    qweight: torch.Tensor  # the same int8 storage as a plain tensor, for the op
+    scale: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, groups: GroupQuant) -> Q8_0Weight:
+        q, scale = groups.q, groups.scale
+        if groups.bits != 8 or q.dtype != torch.int8 or q.shape[1] != scale.shape[1] * GROUP_SIZE:
+            raise ValueError("expected Q8_0 groups: int8 [out, in] and [out, in / 32] scales")
+        q = q.contiguous()
+        weight = QuantizedWeight._wrap(cls, q, torch.float32)
+        weight.qweight, weight.scale = q, scale.float().contiguous()
+        return weight
+
+    def __init__(self, groups: GroupQuant) -> None:
+        pass  # all set in __new__; torch.Tensor.__init__ takes no arguments
+
+    def __repr__(self, **kwargs: Any) -> str:
+        return f"Q8_0Weight(shape={tuple(self.qweight.shape)})"
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] <= Q8_0_OP_MAX_ROWS and x.dtype == torch.float32:
+            out = torch.ops.layerserve.q8_0_linear(flat.contiguous(), self.qweight, self.scale)
+        else:
+            out = F.linear(flat, self.dequantized().to(x.dtype))
+        out = out.reshape(*x.shape[:-1], out.shape[-1])
+        return out if bias is None else out + bias
+
+    def embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        return _dequantize(self.qweight[ids], self.scale[ids])
+
+    def dequantized(self) -> torch.Tensor:
+        return _dequantize(self.qweight, self.scale)
+
+    def stored_tensors(self) -> list[torch.Tensor]:
+        return [self.qweight, self.scale]
+
+
+def _dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8 [..., in], scales [..., in / 32] -> float32 [..., in] (exact: d * q fits float32)."""
+    groups = q.float().unflatten(-1, (scale.shape[-1], GROUP_SIZE))
+    return (groups * scale.unsqueeze(-1)).flatten(-2)
