@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import torch
 
-from services.tokenizer.loader import load_tokenizer
 from services.worker.model.llama import LlamaModel
 from services.worker.model.loaded import LoadedModel
-from services.worker.model.loader import default_path, load_model
 from tests.reference_models import gemma3_reference, llama_reference
 from tests.reference_models.dense_kv import DenseKV
 
 
 def default_model_greedy(prompts: list[str], max_new_tokens: int) -> list[list[int]]:
     """greedy_generate of each prompt on the default model, dense in float32."""
+    # Imported here: the GPU check collects this package's users on machines without `gguf`.
+    from services.tokenizer.loader import load_tokenizer
+    from services.worker.model.loader import default_path, load_model
+
     tokenizer = load_tokenizer(None)
     loaded = load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
     return [greedy_generate(loaded, tokenizer.encode(p), max_new_tokens) for p in prompts]

@@ -207,12 +207,14 @@ def test_each_side_runs_at_its_default_and_at_equal_precision(monkeypatch) -> No
     from services.worker.config import WorkerConfig
     from services.worker.dtype_choice import resolve_dtype
     from services.worker.model.loader import default_path
-    from services.worker.model.quant_choice import resolve_quantization
+    from services.worker.model.quant_choice import keeps_four_bit, resolve_quantization
 
     default, equal = parse_config([]).precisions
     # default: what `layerserve` runs with no flag on this machine, llama.cpp's file untouched
-    assert default.dtype == resolve_dtype("auto", torch.device("cpu")).dtype
     worker_quantization = WorkerConfig.from_args([]).quantization
+    four_bit = keeps_four_bit(worker_quantization, default_path(), "cpu")
+    auto = resolve_dtype("auto", torch.device("cpu"), four_bit_weights=four_bit)
+    assert default.dtype == auto.dtype
     weights = resolve_quantization(worker_quantization, default_path(), "cpu", default.dtype)
     assert default.quantization == weights.method and weights.reason in default.reason
     assert default.llama_cpp("Q4_1") == "Q4_1 (as shipped)"
