@@ -123,14 +123,7 @@ class EncoderRunner:
         return results
 
     def _register(self, seq: NewSequence) -> SequenceState:
-        state = SequenceState(
-            request_id=seq.request_id,
-            token_ids=list(seq.token_ids),
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_computed=seq.num_computed_tokens,
-            block_tables=[list(table) for table in seq.block_tables],
-            sampling=seq.sampling,
-        )
+        state = SequenceState.of(seq)
         self._requests[seq.request_id] = state
         return state
 

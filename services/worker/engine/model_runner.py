@@ -239,14 +239,7 @@ class ModelRunner:
         """Registers new sequences and running diffs; the work of this step, in plan order."""
         scheduled = []
         for seq in plan.new:
-            state = SequenceState(
-                request_id=seq.request_id,
-                token_ids=list(seq.token_ids),
-                num_prompt_tokens=seq.num_prompt_tokens,
-                num_computed=seq.num_computed_tokens,
-                block_tables=[list(table) for table in seq.block_tables],
-                sampling=seq.sampling,
-            )
+            state = SequenceState.of(seq)
             self._requests[seq.request_id] = state
             self._structured.add(seq.request_id, seq.sampling.structured, state.output_token_ids)
             scheduled.append(_Scheduled(state, seq.num_new_tokens))

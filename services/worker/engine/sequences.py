@@ -27,6 +27,18 @@ class SequenceState:
     pooled_sum: Any = None  # torch.Tensor [d] float32 while a mean-pooled prompt is computed
     embedding: list[float] | None = None
 
+    @classmethod
+    def of(cls, seq: NewSequence) -> SequenceState:
+        """A new sequence's state as the plan sends it (token ids and tables copied)."""
+        return cls(
+            request_id=seq.request_id,
+            token_ids=list(seq.token_ids),
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_computed=seq.num_computed_tokens,
+            block_tables=[list(table) for table in seq.block_tables],
+            sampling=seq.sampling,
+        )
+
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
