@@ -1,7 +1,8 @@
 """Speculative decoding with n-gram lookup (issue 21): output tokens/s with speculation off, on
 with a fixed number of proposals, and on with the adaptive policy (spec_policy.py), side by
 side in one run, on the real SmolLM2 through the engine (L2: scheduler + model runner in one
-process, benchmarks/offline.py).
+process, benchmarks/offline.py), at the worker's own --dtype and --quantization (auto: what
+it picks for the file on this device, e.g. float32 with the GGUF's 4-bit weights kept on a CPU).
 
 Workloads (PERFORMANCE.md (f) and a control), 16 chat requests each:
 - grounded: rewrite a passage of benchmarks/data/public_domain.txt, edit a code snippet, answer
@@ -283,6 +284,11 @@ def main() -> None:
     parser.add_argument(
         "--dtype", default="auto", help="the worker's --dtype (auto: what it picks on this machine)"
     )
+    parser.add_argument(
+        "--quantization",
+        default="auto",
+        help="the worker's --quantization (auto: what it picks for the file on this device)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (not yet run on a GPU)")
     parser.add_argument(
         "--gate",
@@ -296,6 +302,8 @@ def main() -> None:
     from services.tokenizer.loader import load_tokenizer
     from services.worker.dtype_choice import resolve_dtype
     from services.worker.model.loader import default_path, load_model
+    from services.worker.model.quant import quantize_loaded
+    from services.worker.model.quant_choice import keeps_four_bit, resolve_quantization
 
     model = load_tokenizer(default_path())
     template = model.chat_template
@@ -310,19 +318,21 @@ def main() -> None:
     every = {"grounded": grounded_prompts, "open": lambda: OPEN, "long": long_prompts}
     workloads = {name: encode(every[name]()[: args.prompts]) for name in args.workloads.split(",")}
     device = torch.device(args.device)
-    dtype = resolve_dtype(args.dtype, device).dtype
+    four_bit = keeps_four_bit(args.quantization, default_path(), device.type)
+    dtype = resolve_dtype(args.dtype, device, four_bit_weights=four_bit).dtype
+    quantization = resolve_quantization(args.quantization, default_path(), device.type, dtype)
     info = machine()
     print(
         f"# {info.get('cpu_model')}, {os.cpu_count()} CPUs, torch threads "
         f"{torch.get_num_threads()}, load average {load_average()} at start"
     )
     print(
-        f"# SmolLM2-135M {dtype} on {device}, k={args.k}, "
+        f"# SmolLM2-135M {dtype}, quantization {quantization.method}, on {device}, k={args.k}, "
         f"n-grams {args.ngram_min}..{args.ngram_max}, "
         f"up to {args.max_tokens} output tokens (EOS ends a request), median of {args.repeats}"
     )
     loaded = load_model(default_path(), dtype=getattr(torch, dtype), device=device)
-    speed(loaded, workloads, args)
+    speed(quantize_loaded(loaded, quantization.method), workloads, args)
     print(f"# load average {load_average()} after the speed rows")
     if args.gate != "none":
         print(f"\n# correctness gate: greedy, {args.gate}")
