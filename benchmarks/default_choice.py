@@ -3,7 +3,7 @@ side by side in one run (issue 29: "the worker's default on this CPU is its fast
 setting").
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.default_choice [--threads 1] [--reps 3]
-        [--settings float32:none float32:gguf bfloat16:gguf bfloat16:none]
+        [--settings float32:none float32:gguf bfloat16:gguf bfloat16:none] [--model PATH]
 
 Per setting, through the worker's ModelRunner and the scheduler (benchmarks/offline.py,
 speculation off):
@@ -32,6 +32,8 @@ from services.common.sampling import SamplingOptions
 from services.scheduler.request import Request
 from services.scheduler.scheduler import SchedulerLimits
 from services.tokenizer.gguf_tokenizer import load_gguf_text_model
+from services.worker.layers.gguf_quant import TYPE_NAMES
+from services.worker.model.gguf_weights import keep_gguf_quantized
 from services.worker.model.loader import default_path, load_model
 from services.worker.model.quant import quantize_loaded
 
@@ -50,8 +52,16 @@ GREEDY_TOKENS = 32
 
 
 def build(setting: str, path: Path) -> OfflineEngine:
+    """setting: dtype:quantization, or dtype:gguf/TYPE to keep only the weights the GGUF
+    stores as TYPE (e.g. float32:gguf/Q4_K: what that one format costs in agreement)."""
     dtype, quantization = setting.split(":")
     loaded = load_model(path, dtype=getattr(torch, dtype), device=torch.device("cpu"))
+    method, _, only = quantization.partition("/")
+    if method == "gguf" and only:
+        type_ids = {name: type_id for type_id, name in TYPE_NAMES.items()}
+        kept = keep_gguf_quantized(loaded, types={type_ids[only]})
+        print(f"{setting}: {kept} weights kept")
+        return make_engine(loaded, 512, SchedulerLimits())
     return make_engine(quantize_loaded(loaded, quantization), 512, SchedulerLimits())
 
 
@@ -110,17 +120,21 @@ def main() -> None:
         "--settings",
         nargs="+",
         default=["float32:none", "float32:gguf", "bfloat16:gguf", "bfloat16:none"],
-        help="dtype:quantization pairs; the first is the reference",
+        help="dtype:quantization pairs (quantization gguf/Q4_K: only that GGUF type kept); "
+        "the first is the reference",
     )
     p.add_argument("--llama-cpp", action="store_true", help="llama.cpp's answer too")
+    p.add_argument(
+        "--model", type=Path, default=None, help="a GGUF file (default: the packaged SmolLM2)"
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    path = default_path()
+    path = args.model or default_path()
     text = load_gguf_text_model(path)
     words = TEXT.read_text().split()
     prompts = [text.encode(" ".join(words[i * 25 : i * 25 + 40])) for i in range(16)]
     prompts += [text.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
-    print(f"load average at start: {load_average()}; threads {args.threads}")
+    print(f"{path.name}; load average at start: {load_average()}; threads {args.threads}")
     engines = {setting: build(setting, path) for setting in args.settings}
     greedy = {}
     for setting, engine in engines.items():

@@ -7,7 +7,11 @@ is GeLU(tanh)-gated; query scaling comes from query_pre_attn_scalar; sliding-win
 (own RoPE base) alternate with global ones; logits may be soft-capped; embeddings are tied.
 
 Attention runs on the torch path only: the Triton kernels take head dims 64/128 and no window
-(kernel_choice's "auto" already picks torch for Gemma's head dim 256)."""
+(kernel_choice's "auto" already picks torch for Gemma's head dim 256).
+
+Every weight is used through fused.linear / F.embedding, so a weight kept as the GGUF stores it
+(model/gguf_weights.py: the embedding table and head as Q8_0, linears as Q4_K or Q5_0) computes
+through its own linear() and lookup."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.layers.attention import StepAttention
-from services.worker.layers.fused import FusedAttention, FusedGatedMLP
+from services.worker.layers.fused import FusedAttention, FusedGatedMLP, linear
 from services.worker.layers.hf_names import per_layer
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.layers.rotary import RopeTables
@@ -80,8 +84,8 @@ class Gemma3MLP(FusedGatedMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """GeGLU with tanh-approximated GeLU: x [T, d] -> [T, d]."""
-        gate, up = F.linear(x, self.gate_up_proj).split(self.intermediate_size, dim=-1)
-        return F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj)
+        gate, up = linear(x, self.gate_up_proj).split(self.intermediate_size, dim=-1)
+        return linear(F.gelu(gate, approximate="tanh") * up, self.down_proj)
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -159,7 +163,7 @@ class Gemma3Model(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, d] -> logits [N, V] float32, soft-capped when the config says so."""
-        logits = F.linear(hidden, self.embed_tokens).float()
+        logits = linear(hidden, self.embed_tokens).float()
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

@@ -96,14 +96,15 @@ def iter_gguf_tensors(reader: Reader, config: Gemma3Config) -> Iterator[tuple[st
     """(HF name without "model.", float32 tensor) for every tensor; norms shifted back by one."""
     del config  # Gemma's q/k rows need no un-permuting: the signature is the registry's
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
+        name = hf_name(tensor.name)
         array = dequantize_f32(tensor)
         if tensor.name.endswith("norm.weight"):
             array -= 1.0
         yield name, torch.from_numpy(array)
 
 
-def _hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str) -> str:
+    """The Hugging Face name (without "model.") of a Gemma 3 GGUF tensor."""
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
     if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:

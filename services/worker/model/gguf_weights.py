@@ -1,42 +1,73 @@
-"""A llama GGUF model's 4-bit linear weights kept as the file stores them (--quantization gguf).
+"""A GGUF model's block-quantized weights kept as the file stores them (--quantization gguf).
 
 The model is loaded as usual (every tensor dequantized into the compute dtype); then each 2-D
-parameter whose every piece the file holds as Q4_0 or Q4_1 is replaced by an Int4Weight
-decoded straight from the file's blocks (layers/gguf_quant.py), so it computes with exactly the
-file's values (rounded to the compute dtype's scales). A fused parameter (q/k/v, gate/up) is
-its pieces' rows stacked in the order the model lays them out; q/k rows are un-permuted as the
-float loader does (gguf_loader.gguf_to_hf_rows). A Q8_0 embedding table / output head (tied or
-not) in a float32 model on the CPU becomes a Q8_0Weight of the file's blocks when the C++ op
-that reads them is built (layers/q8_0_weight.py). Other types (F32, K-quants, Q8_0 elsewhere)
-stay as loaded, in the compute dtype."""
+parameter whose every piece the file holds in a type layers/gguf_quant.py decodes is replaced
+by a QuantizedWeight decoded straight from the file's blocks, so it computes with exactly the
+file's values:
+- 4-bit (Q4_0, Q4_1, Q4_K) -> Int4Weight, in any compute dtype (its scales rounded to it);
+- 8-bit groups (Q8_0, and Q5_0 as q - 16) -> Q8_0Weight, where the model computes in float32
+  on the CPU and the C++ op that reads them is built (layers/q8_0_weight.py): the linears
+  and the embedding table / output head (tied or not; lookups dequantize the rows they read).
+A fused parameter (q/k/v, gate/up) is its pieces' rows stacked in the order the model lays
+them out, kept only when its pieces share a bit width; a llama file's q/k rows are un-permuted
+as the float loader does (gguf_loader.gguf_to_hf_rows), Gemma's are stored unpermuted. Other
+types (F32 norms, Q6_K, any 8-bit weight under bfloat16) stay as loaded, in the compute dtype."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from services.common.gguf_file import GGUFFile
-from services.worker.layers.gguf_quant import FOUR_BIT_TYPES, Q8_0, GroupQuant, decode_blocks
+from services.worker.layers.gguf_quant import (
+    GROUP_TYPES,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    GroupQuant,
+    decode_blocks,
+)
 from services.worker.layers.int4_weight import Int4Weight
 from services.worker.layers.q8_0_weight import Q8_0Weight, q8_0_op_available
-from services.worker.model.gguf_loader import gguf_to_hf_rows, hf_name, read_field
+from services.worker.layers.quantized_weight import QuantizedWeight
+from services.worker.model import gemma3_loader, gguf_loader
+from services.worker.model.gguf_loader import gguf_to_hf_rows, read_field
 from services.worker.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
-_TABLES = ("embed_tokens", "lm_head")  # the model's attributes a Q8_0 table can replace
+# general.architecture -> how its tensors are named in the model (HF names, without "model.")
+HF_NAMES: dict[str, Callable[[str], str]] = {
+    "llama": gguf_loader.hf_name,
+    "gemma3": gemma3_loader.hf_name,
+}
+# general.architecture -> the stored types that make --quantization auto keep a file's weights
+AUTO_KEPT = {"llama": frozenset({Q4_0, Q4_1}), "gemma3": frozenset({Q4_K})}
 
 
-def four_bit_tensors(reader: GGUFFile, num_heads: int, num_kv_heads: int) -> dict[str, GroupQuant]:
-    """HF name -> GroupQuant for every Q4_0/Q4_1 2-D tensor of a llama GGUF, rows in HF order."""
-    heads = {"self_attn.q_proj.weight": num_heads, "self_attn.k_proj.weight": num_kv_heads}
+def stored_groups(
+    reader: GGUFFile, config: Any, types: Collection[int] = GROUP_TYPES
+) -> dict[str, GroupQuant]:
+    """HF name -> GroupQuant for every 2-D tensor of one of `types` (of those decode_blocks
+    reads), rows in the model's order ({} for an architecture not in HF_NAMES)."""
+    architecture = read_field(reader, "general.architecture")
+    if architecture not in HF_NAMES:
+        return {}
+    heads = {}  # llama.cpp permutes a llama's q/k rows for its RoPE; Gemma's are as HF's
+    if architecture == "llama":
+        heads = {"self_attn.q_proj.weight": config.num_heads}
+        heads["self_attn.k_proj.weight"] = config.num_kv_heads
     found = {}
     for tensor in reader.tensors:
-        if tensor.tensor_type not in FOUR_BIT_TYPES or len(tensor.shape) != 2:
+        if tensor.tensor_type not in GROUP_TYPES or tensor.tensor_type not in types:
             continue
-        name = hf_name(tensor.name)
+        if len(tensor.shape) != 2:
+            continue
+        name = HF_NAMES[architecture](tensor.name)
         groups = decode_blocks(tensor.data, int(tensor.tensor_type))
         permuted = [h for suffix, h in heads.items() if name.endswith(suffix)]
         if permuted:
@@ -46,64 +77,79 @@ def four_bit_tensors(reader: GGUFFile, num_heads: int, num_kv_heads: int) -> dic
 
 
 def has_four_bit(reader: GGUFFile) -> bool:
-    """Whether a llama GGUF holds any Q4_0/Q4_1 tensor (what --quantization gguf keeps)."""
-    llama = read_field(reader, "general.architecture") == "llama"
-    return llama and any(t.tensor_type in FOUR_BIT_TYPES for t in reader.tensors)
+    """Whether --quantization auto keeps this file's weights: a llama GGUF with Q4_0/Q4_1
+    tensors or a Gemma 3 one with Q4_K (its Q5_0/Q8_0 kept beside them); both measured faster
+    and closer to the float reference than the float load (docs/benchmarks.md, issue 29)."""
+    types = AUTO_KEPT.get(str(read_field(reader, "general.architecture")), frozenset())
+    return any(t.tensor_type in types for t in reader.tensors)
 
 
-def keep_gguf_quantized(loaded: LoadedModel, kernel: str = "auto") -> int:
-    """Replaces, in place, each parameter of `loaded` (a llama GGUF) that the file holds in
-    4-bit with an Int4Weight of the file's values, and its Q8_0 embedding / head with a
-    Q8_0Weight where that can compute (keep_q8_0_tables). Returns how many were replaced (0 for
-    any other file)."""
+def keep_gguf_quantized(
+    loaded: LoadedModel, kernel: str = "auto", types: Collection[int] = GROUP_TYPES
+) -> int:
+    """Replaces, in place, each 2-D parameter of `loaded` (a llama or Gemma 3 GGUF) that the
+    file holds block-quantized with a QuantizedWeight of the file's values where that format
+    computes here (see the module docstring). Returns how many were replaced (0 for any other
+    file); `kernel` picks Int4Weight's kernel; `types` limits it to weights the file stores
+    in those ggml types (benchmarks/default_choice.py measures one format at a time)."""
     path = loaded.path
     if path is None or path.suffix != ".gguf":
         return 0
-    reader = GGUFFile(path)
-    if not has_four_bit(reader):
+    stored = stored_groups(GGUFFile(path), loaded.config, types)
+    if not stored:
         return 0
-    config = loaded.config
-    stored = four_bit_tensors(reader, config.num_heads, config.num_kv_heads)
     pieces = _pieces_by_storage(loaded.model.hf_weights())
+    eight_bit = _EightBitCheck()
     replaced = 0
     for module in loaded.model.modules():
         for name, param in list(module._parameters.items()):
             if param is None or param.dim() != 2:
                 continue
-            names = pieces.get(param.untyped_storage().data_ptr(), [])
-            if not names or any(n not in stored for n in names):
+            groups = _stored_for(param, pieces.get(param.untyped_storage().data_ptr(), []), stored)
+            if groups is None:
                 continue
-            groups = GroupQuant.cat([stored[n] for n in names])
-            if groups.q.shape != param.shape:
-                continue  # the pieces do not cover it (a shard): leave it as loaded
-            device_groups = GroupQuant(*(t.to(param.device) for t in _fields(groups)), bits=4)
+            if groups.bits == 4:
+                moved = GroupQuant(*(t.to(param.device) for t in _fields(groups)), bits=4)
+                weight: QuantizedWeight = Int4Weight(moved, param.dtype, kernel)
+            elif eight_bit.computes(param):
+                weight = Q8_0Weight(groups)
+            else:
+                continue
             del module._parameters[name]
-            module.register_buffer(name, Int4Weight(device_groups, param.dtype, kernel))
+            module.register_buffer(name, weight)
             replaced += 1
-    return replaced + keep_q8_0_tables(loaded, reader)
+    return replaced
 
 
-def keep_q8_0_tables(loaded: LoadedModel, reader: GGUFFile) -> int:
-    """Replaces the model's embedding table and output head (one tensor when tied) with a
-    Q8_0Weight where the file stores them as Q8_0, the model computes in float32 on the CPU and
-    the op is built; otherwise they stay as loaded (float), said once in the log."""
-    model = loaded.model
-    stored = {hf_name(t.name): t for t in reader.tensors if t.tensor_type == Q8_0}
-    wanted = [a for a in _TABLES if isinstance(getattr(model, a, None), nn.Parameter)]
-    wanted = [a for a in wanted if f"{a}.weight" in stored]
-    if not wanted:
-        return 0
-    table = getattr(model, wanted[0])
-    if table.device.type != "cpu" or table.dtype != torch.float32:
-        return 0
-    if not q8_0_op_available():
-        log.info("Q8_0 embedding/head kept as float32: the C++ extension is not built")
-        return 0
-    for attr in wanted:
-        groups = decode_blocks(stored[f"{attr}.weight"].data, Q8_0)
-        del model._parameters[attr]
-        model.register_buffer(attr, Q8_0Weight(groups))
-    return len(wanted)
+def _stored_for(
+    param: torch.Tensor, names: list[str], stored: dict[str, GroupQuant]
+) -> GroupQuant | None:
+    """The file's groups for the whole of `param` (its pieces `names` stacked), or None where a
+    piece is not stored in groups, the pieces mix bit widths or do not cover it (a shard)."""
+    if not names or any(n not in stored for n in names):
+        return None
+    parts = [stored[n] for n in names]
+    if len({p.bits for p in parts}) != 1:
+        return None
+    groups = GroupQuant.cat(parts)
+    return groups if groups.q.shape == param.shape else None
+
+
+class _EightBitCheck:
+    """Whether a parameter can become a Q8_0Weight: float32 on the CPU, with the op built
+    (looked up once; its absence said once in the log)."""
+
+    def __init__(self) -> None:
+        self._op: bool | None = None
+
+    def computes(self, param: torch.Tensor) -> bool:
+        if param.device.type != "cpu" or param.dtype != torch.float32:
+            return False
+        if self._op is None:
+            self._op = q8_0_op_available()
+            if not self._op:
+                log.info("Q8_0/Q5_0 weights kept as float32: the C++ extension is not built")
+        return self._op
 
 
 def _pieces_by_storage(targets: dict[str, torch.Tensor]) -> dict[int, list[str]]:

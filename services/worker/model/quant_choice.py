@@ -4,9 +4,11 @@
 when the model runs on the CPU, in any compute dtype: torch's int4 kernel reads a quarter of
 bfloat16's bytes and measured about 2x the float weights' decode speed at batch 1 (float32
 activations go through it as bfloat16; docs/benchmarks.md, "Issue 29: 4-bit weights, served as
-they ship" and "the CPU default"). Anything else stays as loaded ("none"): a float checkpoint
-(int8/int4 from floats cost quality the file's own 4-bit values do not), or a CUDA device, where
-the Triton int4 kernel is not measured yet."""
+they ship" and "the CPU default"). That is a llama file's Q4_0/Q4_1, and a Gemma 3 file's Q4_K
+with its Q5_0/Q8_0 (int8 under float32 compute): 2.4x bfloat16 dense's speed and closer greedy
+text ("Issue 29: K-quants and Q5_0 kept"). Anything else stays as loaded ("none"): a float
+checkpoint (int8/int4 from floats cost quality the file's own 4-bit values do not), or a CUDA
+device, where the Triton int4 kernel is not measured yet."""
 
 from __future__ import annotations
 
@@ -36,9 +38,12 @@ def resolve_quantization(
     if choice != "auto":
         return QuantizationChoice(choice, "--quantization")
     if not file_has_four_bit(path):
-        return QuantizationChoice("none", "auto: not a GGUF file with Q4_0/Q4_1 tensors")
+        return QuantizationChoice("none", "auto: not a GGUF file with Q4_0/Q4_1 (or Gemma Q4_K)")
     if device_type != "cpu":
         return QuantizationChoice("none", f"auto: no measured 4-bit kernel on {device_type} yet")
+    if _architecture(path) == "gemma3":
+        reason = "auto: the file's Q4_K weights kept 4-bit (int4pack), Q5_0/Q8_0 as int8"
+        return QuantizationChoice("gguf", reason)
     return QuantizationChoice("gguf", "auto: the file's Q4_0/Q4_1 weights kept 4-bit (int4pack)")
 
 
@@ -51,10 +56,18 @@ def keeps_four_bit(choice: str, path: Path | None, device_type: str) -> bool:
 
 
 def file_has_four_bit(path: Path) -> bool:
-    """Whether `path` is a GGUF file holding Q4_0/Q4_1 tensors (reads its header only)."""
+    """Whether `path` is a GGUF file whose 4-bit weights "auto" keeps: a llama file's
+    Q4_0/Q4_1, a Gemma 3 file's Q4_K (reads its header only)."""
     if path.suffix != ".gguf" or not path.is_file():
         return False
     from services.common.gguf_file import GGUFFile
     from services.worker.model.gguf_weights import has_four_bit
 
     return has_four_bit(GGUFFile(path))
+
+
+def _architecture(path: Path) -> str:
+    from services.common.gguf_file import GGUFFile
+    from services.worker.model.gguf_loader import read_field
+
+    return str(read_field(GGUFFile(path), "general.architecture"))

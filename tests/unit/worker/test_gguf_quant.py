@@ -1,6 +1,7 @@
-"""GGUF Q4_0/Q4_1/Q8_0 blocks decoded without float (layers/gguf_quant.py), checked against a
-decoder written from the block layout in ggml's spec, and the packaged SmolLM2's 4-bit weights
-kept as the file stores them (--quantization gguf)."""
+"""GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K blocks decoded without float (layers/gguf_quant.py), checked
+against a decoder written from the block layout in ggml's spec and against the gguf package's
+dequantize, on random blocks and on every such tensor of the packaged Gemma 3 file; and the
+4-bit weights kept as the file stores them (--quantization gguf)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,44 @@ import pytest
 import torch
 from gguf import quants
 
-from services.worker.layers.gguf_quant import Q4_0, Q4_1, Q8_0, GroupQuant, decode_blocks
+from services.common.gguf_file import GGUFFile
+from services.worker.layers.gguf_quant import (
+    BLOCK_BYTES,
+    GROUP_TYPES,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q8_0,
+    GroupQuant,
+    decode_blocks,
+)
 from services.worker.layers.int4_weight import INT4PACK_MAX_ROWS, Int4Weight
+from services.worker.model.packaged import packaged_path
+
+Q6_K = 14  # a scale per 16 weights: not a group-of-32 format, left to the float loader
 
 
 def _spec_dequantize(raw: bytes, tensor_type: int) -> list[float]:
-    """One row of blocks, element by element, as ggml's block_q4_0/q4_1/q8_0 define them."""
-    size = {Q4_0: 18, Q4_1: 20, Q8_0: 34}[tensor_type]
+    """One row of blocks, element by element, as ggml's block_* and dequantize_row_* define
+    them."""
+    size = BLOCK_BYTES[tensor_type]
     values: list[float] = []
     for start in range(0, len(raw), size):
         block = raw[start : start + size]
         (d,) = struct.unpack("<e", block[0:2])
+        if tensor_type == Q4_K:
+            values += _spec_q4_k(block)
+            continue
         if tensor_type == Q8_0:
             values += [d * q for q in struct.unpack("<32b", block[2:34])]
+            continue
+        if tensor_type == Q5_0:
+            (qh,) = struct.unpack("<I", block[2:6])
+            for j in range(16):  # ggml: xh_0 = ((qh >> j) << 4) & 0x10, xh_1 from bit j + 16
+                values.append(d * (((block[6 + j] & 0x0F) | (((qh >> j) << 4) & 0x10)) - 16))
+            for j in range(16):
+                values.append(d * (((block[6 + j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16))
             continue
         m = struct.unpack("<e", block[2:4])[0] if tensor_type == Q4_1 else 0.0
         qs = block[4:20] if tensor_type == Q4_1 else block[2:18]
@@ -36,22 +62,45 @@ def _spec_dequantize(raw: bytes, tensor_type: int) -> list[float]:
     return values
 
 
+def _spec_q4_k(block: bytes) -> list[float]:
+    """ggml's dequantize_row_q4_K for one 144-byte super-block (get_scale_min_k4 inlined)."""
+    d, dmin = struct.unpack("<ee", block[0:4])
+    scales, qs = block[4:16], block[16:144]
+
+    def scale_min(j: int) -> tuple[int, int]:
+        if j < 4:
+            return scales[j] & 63, scales[j + 4] & 63
+        low = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4)
+        return low, (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4)
+
+    values: list[float] = []
+    for chunk in range(4):  # 64 weights: two groups from the same 32 bytes
+        q = qs[32 * chunk : 32 * chunk + 32]
+        (sc1, m1), (sc2, m2) = scale_min(2 * chunk), scale_min(2 * chunk + 1)
+        values += [d * sc1 * (b & 0xF) - dmin * m1 for b in q]
+        values += [d * sc2 * (b >> 4) - dmin * m2 for b in q]
+    return values
+
+
 def _random_blocks(tensor_type: int, rows: int, groups: int, seed: int) -> np.ndarray:
-    """uint8 [rows, groups * block bytes] with finite float16 scales and random payloads."""
+    """uint8 [rows, groups * block bytes] with finite float16 scales and random payloads
+    (Q4_K: `groups` super-blocks of eight groups each)."""
     rng = np.random.default_rng(seed)
-    size = {Q4_0: 18, Q4_1: 20, Q8_0: 34}[tensor_type]
+    size = BLOCK_BYTES[tensor_type]
     data = rng.integers(0, 256, (rows, groups, size), dtype=np.uint8)
-    halves = 2 if tensor_type == Q4_1 else 1  # d (and m) as real float16 numbers
+    halves = 2 if tensor_type in (Q4_1, Q4_K) else 1  # d (and m, dmin) as real float16 numbers
     scales = rng.normal(0, 0.05, (rows, groups, halves)).astype(np.float16)
     data[..., : 2 * halves] = scales.view(np.uint8).reshape(rows, groups, 2 * halves)
     return data.reshape(rows, groups * size)
 
 
-@pytest.mark.parametrize("tensor_type", [Q4_0, Q4_1, Q8_0])
+@pytest.mark.parametrize("tensor_type", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K])
 def test_decoded_blocks_equal_the_spec_and_gguf_exactly(tensor_type: int) -> None:
-    data = _random_blocks(tensor_type, rows=3, groups=4, seed=tensor_type)
+    blocks = 1 if tensor_type == Q4_K else 8  # 256 weights a row either way
+    data = _random_blocks(tensor_type, rows=3, groups=blocks, seed=tensor_type)
     decoded = decode_blocks(data, tensor_type)
-    assert decoded.q.shape == (3, 128) and decoded.scale.shape == (3, 4)
+    assert decoded.q.shape == (3, 256) and decoded.scale.shape == (3, 8)
+    assert decoded.bits == (8 if tensor_type in (Q5_0, Q8_0) else 4)
     spec = torch.tensor([_spec_dequantize(row.tobytes(), tensor_type) for row in data])
     assert torch.equal(decoded.dequantized(), spec.float())
     assert torch.equal(
@@ -59,9 +108,29 @@ def test_decoded_blocks_equal_the_spec_and_gguf_exactly(tensor_type: int) -> Non
     )
 
 
+def test_the_packaged_gemma_files_tensors_decode_as_gguf_dequantizes_them() -> None:
+    """The Gemma 3 270M Q4_K_M file: the first tensor of each role in each group type (Q5_0
+    attn_q/k/v and ffn_gate/up, Q8_0 attn_v, Q4_K attn_output and ffn_down), bit for bit; the
+    rest of the file is F32 norms, Q6_K (left to the float loader) and the Q8_0 table."""
+    tensors = GGUFFile(packaged_path()).tensors
+    firsts = {}
+    for tensor in tensors:
+        role = tensor.name.split(".")[-2]  # blk.N.attn_q.weight -> attn_q
+        firsts.setdefault((int(tensor.tensor_type), role), tensor)
+    checked = {
+        key: t for key, t in firsts.items() if key[0] in GROUP_TYPES and key[1] != "token_embd"
+    }
+    for (tensor_type, _), tensor in checked.items():
+        expected = np.ascontiguousarray(quants.dequantize(tensor.data, tensor_type))
+        got = decode_blocks(tensor.data, tensor_type).dequantized()
+        assert torch.equal(got, torch.from_numpy(expected)), tensor.name
+    assert len(checked) == 8 and {t for t, _ in checked} == {Q5_0, Q8_0, Q4_K}
+    assert {int(t.tensor_type) for t in tensors} - GROUP_TYPES == {0, Q6_K}  # F32 norms, Q6_K
+
+
 def test_other_types_and_ragged_rows_are_refused() -> None:
-    with pytest.raises(ValueError, match="not one of Q4_0, Q4_1, Q8_0"):
-        decode_blocks(np.zeros((2, 36), np.uint8), 12)  # Q4_K
+    with pytest.raises(ValueError, match="not one of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K"):
+        decode_blocks(np.zeros((2, 210), np.uint8), Q6_K)
     with pytest.raises(ValueError, match="whole 20-byte blocks"):
         decode_blocks(np.zeros((2, 30), np.uint8), Q4_1)
 
@@ -129,6 +198,10 @@ def test_auto_keeps_a_4_bit_gguf_on_the_cpu_only(tmp_path) -> None:
         "none", packaged, "cpu"
     )
     assert not keeps_four_bit("auto", tmp_path, "cpu") and not keeps_four_bit("auto", None, "cpu")
+    gemma = packaged_path()  # Gemma 3 Q4_K_M: Q4_K kept 4-bit, Q5_0/Q8_0 as int8 beside them
+    assert resolve_quantization("auto", gemma, "cpu").method == "gguf"
+    assert "Q4_K weights kept 4-bit" in resolve_quantization("auto", gemma, "cpu").reason
+    assert keeps_four_bit("auto", gemma, "cpu") and not keeps_four_bit("auto", gemma, "cuda")
     assert resolve_quantization("int8", packaged, "cpu").reason == "--quantization"
     with pytest.raises(ValueError, match="--quantization must be one of auto, none"):
         resolve_quantization("fp4", packaged, "cpu")
