@@ -35,7 +35,8 @@ BLOCK_SIZE = 16
 CPU = torch.device("cpu")
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm",
               "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int4pack_mm",
-              "aten::matmul", "aten::linear")  # fmt: skip
+              "aten::matmul", "aten::linear", "layerserve::q4_linear",
+              "layerserve::q8_0_linear")  # fmt: skip
 ATTENTION_OPS = ("layerserve::paged_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
                  "aten::scaled_dot_product_attention")  # fmt: skip
 
@@ -69,13 +70,16 @@ def decode(runner: ModelRunner, ids: list[str], steps: int) -> None:
 
 
 class _Capture(TorchDispatchMode):
-    """Records the matmul and attention ops one step dispatches, with their arguments."""
+    """Records the matmul and attention ops one step dispatches, with their arguments, and
+    counts every op."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: dict[str, list] = {"matmul": [], "attention": []}
+        self.ops = 0  # every op dispatched from Python (or an extension op's one call)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
         kind = _kind(func.name())
         if kind is not None:
             self.calls[kind].append((func, args, kwargs or {}))
@@ -106,6 +110,7 @@ class Split:
     matmul_ms: float
     attention_ms: float
     top_host: list[tuple[str, float, int]]  # (op, profiled self ms per step, calls per step)
+    ops: int = 0  # ops one step dispatches
 
     @property
     def host_ms(self) -> float:
@@ -133,7 +138,7 @@ def measure(runner: ModelRunner, ids: list[str], steps: int) -> Split:
         if _kind(e.key) is None
     ]
     host.sort(key=lambda h: -h[1])
-    return Split(step_ms, matmul, attention, host[:12])
+    return Split(step_ms, matmul, attention, host[:12], capture.ops)
 
 
 def main() -> None:
@@ -154,7 +159,8 @@ def main() -> None:
         split = measure(runner, ids, args.steps)
     step = split.step_ms
     print(f"batch {args.batch}, {args.dtype} + {args.quantization}, prompt {args.prompt}: "
-          f"step {step:.2f} ms (thread CPU time, {args.steps} steps)")  # fmt: skip
+          f"step {step:.2f} ms (thread CPU time, {args.steps} steps), "
+          f"{split.ops} ops a step")  # fmt: skip
     for name, ms in (("matmuls + head", split.matmul_ms), ("attention", split.attention_ms),
                      ("host work (the rest)", split.host_ms)):  # fmt: skip
         print(f"  {name:<22} {ms:7.2f} ms  {ms / step:6.1%}")

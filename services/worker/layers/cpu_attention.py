@@ -6,8 +6,9 @@ chunks of the whole batch go in one call per layer; no mask is built.
 RoPE runs in the extension too (csrc/rope.cpp: q and k in place, one call instead of 12
 torch ops, the same bits), and so does SiLU-mul (csrc/small_ops.cpp: torch_ops.py's ATen calls
 made from C++, one dispatch from Python), and so do the norms (the residual add before a
-norm in the same call, bit for bit). KV cache writes are the torch path's, and so is all of
-it on any other device (--kernels torch on CUDA): the torch path stays the
+norm in the same call, bit for bit), and so does a layer's KV cache write (csrc/kv_write.cpp:
+k and v copied to their slots in one call, not two index_copy_). All of it is the torch path's
+on any other device (--kernels torch on CUDA): the torch path stays the
 reference this one is tested against (tests/unit/worker/test_cpu_attention.py)."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 import torch
 
 from services.worker.layers.attention_metadata import AttentionMetadata, lay_out
+from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.layers.torch_attention import TorchAttention
 
 
@@ -43,6 +45,21 @@ class CpuAttention(TorchAttention):
         meta, _ = lay_out(query_lens, context_lens, block_tables, block_size, device)
         meta.context_lens_device = torch.tensor(context_lens, dtype=torch.int64)
         return meta
+
+    def write_kv(
+        self,
+        cache: PagedKVCache,
+        layer: int,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn: AttentionMetadata,
+    ) -> None:
+        """PagedKVCache.write's bits in one call of the extension (csrc/kv_write.cpp) when k
+        and v are already in the cache's dtype; the torch path otherwise."""
+        k_flat, v_flat = cache.flat_layer(layer)
+        if k.device.type != "cpu" or k.dtype != k_flat.dtype or v.dtype != v_flat.dtype:
+            return super().write_kv(cache, layer, k, v, attn)
+        torch.ops.layerserve.write_kv_(k_flat, v_flat, k, v, attn.slot_mapping)
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """torch_ops.silu_mul's ATen calls from C++ (csrc/small_ops.cpp): one dispatch, not 3."""

@@ -9,7 +9,10 @@ It keeps two forms of the same values (one byte a weight in all, against bfloat1
   offset + 8 * scale (Q4_0: 0; Q4_1: m + 8d), computed in float32 and rounded to the kernel's
   dtype (bfloat16 for float32 activations: 8 bits of mantissa against float16 d's 11);
 - two nibbles a byte [out, in / 2] (column 2j low, 2j + 1 high), which the dequantize-then-GEMM
-  kernel and embedding lookups unpack."""
+  kernel and embedding lookups unpack; for a float32 weight on the CPU, when the C++ extension
+  is built, the same bytes block-transposed for torch.ops.layerserve.q4_linear
+  (csrc/q4_matmul.cpp, pack_q4_columns) instead: a float32 model's batch-1 decode then stays
+  in float32 (no casts to bfloat16 and back) and is faster than int4pack."""
 
 from __future__ import annotations
 
@@ -28,6 +31,12 @@ from services.worker.layers.quantized_weight import QuantizedWeight
 # at all three (the unpacking dominates), float32 GEMM 1.3 / 6.1 / 17 ms: int4pack wins
 # through 64 rows; dequantize pays only for prefill chunks of hundreds of tokens.
 INT4PACK_MAX_ROWS = 256
+# Up to this many rows, a float32 model computes with the C++ op in float32 (Q4LinearOp), where
+# it is faster than int4pack with its two casts (1 thread, the model's four shapes, weights read
+# from memory as in a step: 0.70-0.85x int4pack's time at 1 row, 0.8-1.0x at 2); from 4 rows
+# int4pack is 1.1-1.2x faster (docs/benchmarks.md, "4-bit weights").
+Q4_OP_MAX_ROWS = 2
+Q4_BLOCK_ROWS = 64  # output rows a block of the op's layout (csrc/q4_matmul.cpp)
 _INNER_K_TILES = 2  # int4pack's tile: 2 x 16 input columns (its K must divide by 32)
 
 
@@ -83,6 +92,21 @@ class Int4PackMM:
         return out.to(x.dtype).reshape(*x.shape[:-1], weight.tiles.shape[0])
 
 
+class Q4LinearOp:
+    """torch.ops.layerserve.q4_linear (csrc/q4_matmul.cpp): float32 activations in and out,
+    every product and sum in float32, the weight in the op's own layout (pack_q4_columns). Only
+    for float32 weights on the CPU when the extension is built (int4_kernel checks both)."""
+
+    name = "q4_linear"
+
+    def __call__(self, x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
+        op, rows = torch.ops.layerserve.q4_linear, weight.out_features
+        if x.dim() == 2 and x.is_contiguous():  # the model's [T, d]: no reshapes to dispatch
+            return op(x, weight.packed, weight.pairs, rows)
+        out = op(x.reshape(-1, x.shape[-1]).contiguous(), weight.packed, weight.pairs, rows)
+        return out.reshape(*x.shape[:-1], rows)
+
+
 class DequantMM:
     """The weight dequantized to the compute dtype for this call, then the dtype's GEMM: what
     a large batch (prefill) wants, where the GEMM's arithmetic outweighs the conversion."""
@@ -120,31 +144,48 @@ class ByRows:
         return (self.small if rows <= self.max_rows else self.large)(x, weight)
 
 
-INT4PACK, DEQUANT, TRITON = Int4PackMM(), DequantMM(), TritonMM()
+INT4PACK, DEQUANT, TRITON, Q4_OP = Int4PackMM(), DequantMM(), TritonMM(), Q4LinearOp()
 INT4_KERNELS: dict[str, Int4Kernel] = {"int4pack": INT4PACK, "dequant": DEQUANT}
 # CUDA: the Triton kernel for decode-sized batches, cuBLAS on a dequantized copy above. The
 # switch is a guess until the GPU check measures it (kernels/int4_matmul_check.py).
 TRITON_MAX_ROWS = 16
 
 
-def int4_kernel(name: str, device: torch.device) -> Int4Kernel:
+def int4_kernel(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Int4Kernel:
     """The kernel `name` names ("int4pack" or "dequant" on the CPU); "auto" (or the int8
-    kernel names quantize_model also accepts): int4pack up to INT4PACK_MAX_ROWS rows on the
-    CPU, where a small batch is bound by reading weights, and dequantize-then-GEMM above it; on
-    CUDA the Triton kernel up to TRITON_MAX_ROWS rows, dequantize-then-GEMM above."""
+    kernel names quantize_model also accepts): on the CPU, int4pack up to INT4PACK_MAX_ROWS
+    rows, where a small batch is bound by reading weights, and dequantize-then-GEMM above it,
+    with the float32 op (Q4LinearOp) first up to Q4_OP_MAX_ROWS for float32 weights when the
+    extension is built; on CUDA the Triton kernel up to TRITON_MAX_ROWS rows,
+    dequantize-then-GEMM above."""
     if device.type != "cpu":
         return DEQUANT if name == "dequant" else ByRows(TRITON, DEQUANT, TRITON_MAX_ROWS)
     if name in INT4_KERNELS:
         return INT4_KERNELS[name]
-    return ByRows(INT4PACK, DEQUANT, INT4PACK_MAX_ROWS)
+    packed = ByRows(INT4PACK, DEQUANT, INT4PACK_MAX_ROWS)
+    if dtype == torch.float32 and q4_op_available():
+        return ByRows(Q4_OP, packed, Q4_OP_MAX_ROWS)
+    return packed
+
+
+def q4_op_available() -> bool:
+    """Whether the C++ extension with torch.ops.layerserve.q4_linear is built and loaded."""
+    from services.worker.layers import cpu_attention_ext
+
+    return cpu_attention_ext.load() and hasattr(torch.ops.layerserve, "q4_linear")
 
 
 class Int4Weight(QuantizedWeight):
-    """A linear weight [out, in] held as 4-bit values with a scale and offset per 32 columns."""
+    """A linear weight [out, in] held as 4-bit values with a scale and offset per 32 columns.
 
-    nibbles: torch.Tensor  # uint8 [out, in / 2]
-    scale: torch.Tensor  # [out, in / 32], compute dtype
-    offset: torch.Tensor  # [out, in / 32], compute dtype
+    With the C++ op (a float32 weight on the CPU, Q4LinearOp), the nibbles, scales and offsets
+    are held only in the op's layout (packed, pairs) and the properties below read them back
+    from it: the weight stays at the bytes it had before the op (int4pack's tiles + one more
+    form), and only dequantized() and embedding lookups pay for the transposes."""
+
+    out_features: int
+    packed: torch.Tensor  # uint8 [ceil(out / 64), in / 2, 64] (Q4LinearOp; else empty)
+    pairs: torch.Tensor  # [ceil(out / 64), in / 32, 2, 64] scale, offset (Q4LinearOp; else empty)
     tiles: torch.Tensor  # the CPU int4pack layout (empty off the CPU)
     scales_and_zeros: torch.Tensor  # [in / 32, out, 2], compute dtype (empty off the CPU)
     kernel: Int4Kernel
@@ -155,11 +196,21 @@ class Int4Weight(QuantizedWeight):
             raise ValueError("expected 4-bit groups of 32 over [out, in]")
         device = groups.q.device
         nibbles = pack_nibbles(groups.q)
-        weight = QuantizedWeight._wrap(cls, nibbles, dtype)
-        weight.nibbles = nibbles
-        weight.scale, weight.offset = groups.scale.to(dtype), groups.offset.to(dtype)
-        weight.kernel = int4_kernel(kernel, device)
-        weight.tiles = weight.scales_and_zeros = torch.empty(0, device=device)
+        chosen = int4_kernel(kernel, device, dtype)
+        empty = torch.empty(0, device=device)
+        if isinstance(chosen, ByRows) and chosen.small is Q4_OP:
+            packed, pairs = pack_q4_columns(nibbles, groups.scale, groups.offset)
+            weight = QuantizedWeight._wrap(cls, packed, dtype)
+            weight.packed, weight.pairs = packed, pairs
+            weight._nibbles = weight._scale = weight._offset = None  # read back from packed
+        else:
+            weight = QuantizedWeight._wrap(cls, nibbles, dtype)
+            weight.packed = weight.pairs = empty
+            weight._nibbles = nibbles
+            weight._scale = groups.scale.to(dtype).contiguous()
+            weight._offset = groups.offset.to(dtype).contiguous()
+        weight.out_features, weight.kernel = groups.q.shape[0], chosen
+        weight.tiles = weight.scales_and_zeros = empty
         if device.type == "cpu":
             weight.tiles = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                 groups.q.to(torch.int32), _INNER_K_TILES
@@ -178,8 +229,31 @@ class Int4Weight(QuantizedWeight):
         """A float weight [out, in] quantized min/max per group of 32 (quantize_int4)."""
         return cls(quantize_int4(weight), weight.dtype, kernel)
 
+    @property
+    def nibbles(self) -> torch.Tensor:
+        """uint8 [out, in / 2], two a byte (pack_nibbles)."""
+        if self._nibbles is not None:
+            return self._nibbles
+        blocks, half, width = self.packed.shape
+        return self.packed.transpose(1, 2).reshape(blocks * width, half)[: self.out_features]
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """[out, in / 32] in the compute dtype."""
+        return self._scale if self._scale is not None else self._pair(0)
+
+    @property
+    def offset(self) -> torch.Tensor:
+        """[out, in / 32] in the compute dtype."""
+        return self._offset if self._offset is not None else self._pair(1)
+
+    def _pair(self, index: int) -> torch.Tensor:
+        blocks, groups, _, width = self.pairs.shape
+        values = self.pairs[:, :, index].transpose(1, 2).reshape(blocks * width, groups)
+        return values[: self.out_features].to(self.compute_dtype)
+
     def __repr__(self, **kwargs: Any) -> str:
-        shape = (self.nibbles.shape[0], self.nibbles.shape[1] * 2)
+        shape = (self.out_features, self.nibbles.shape[1] * 2)
         return f"Int4Weight(shape={shape}, kernel={self.kernel.name})"
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -187,13 +261,34 @@ class Int4Weight(QuantizedWeight):
         return out if bias is None else out + bias
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
-        return _dequantize(self.nibbles[ids], self.scale[ids], self.offset[ids])
+        nibbles, scale, offset = self.nibbles, self.scale, self.offset  # read back once
+        return _dequantize(nibbles[ids], scale[ids], offset[ids])
 
     def dequantized(self) -> torch.Tensor:
         return _dequantize(self.nibbles, self.scale, self.offset)
 
     def stored_tensors(self) -> list[torch.Tensor]:
-        return [self.nibbles, self.scale, self.offset, self.tiles, self.scales_and_zeros]
+        held = [self._nibbles, self._scale, self._offset, self.packed, self.pairs]
+        return [t for t in held if t is not None] + [self.tiles, self.scales_and_zeros]
+
+
+def pack_q4_columns(
+    nibbles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The C++ op's layout (csrc/q4_matmul.cpp), output rows in blocks of 64 (the last padded
+    with zero rows): nibbles [out, in / 2] -> packed [blocks, in / 2, 64], byte i of column
+    pair p holding row i's (so a call reads the weight as one stream, a cache line a column
+    pair); scale and offset [out, groups] -> pairs [blocks, groups, 2, 64], float16 where every
+    value is exactly a float16 (GGUF's d and m are: 0.625 bytes a weight read, not 0.75)."""
+    rows, half = nibbles.shape
+    blocks = -(-rows // Q4_BLOCK_ROWS)
+    pad = blocks * Q4_BLOCK_ROWS - rows
+    padded = F.pad(nibbles, (0, 0, 0, pad)).view(blocks, Q4_BLOCK_ROWS, half)
+    packed = padded.transpose(1, 2).contiguous()
+    both = F.pad(torch.stack([scale.float(), offset.float()], dim=1), (0, 0, 0, 0, 0, pad))
+    pairs = both.view(blocks, Q4_BLOCK_ROWS, 2, -1).permute(0, 3, 2, 1).contiguous()
+    halves = pairs.half()
+    return packed, (halves if torch.equal(halves.float(), pairs) else pairs)
 
 
 def _dequantize(nibbles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:

@@ -149,6 +149,11 @@ class PagedKVCache:
         """K and V of one layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
         return self._views[layer]
 
+    def flat_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer as slots, each [num_blocks * block_size, num_kv_heads,
+        head_dim] (a view: what write() stores into, slot by slot)."""
+        return self._flat[layer]
+
     def group_of(self, layer: int) -> int:
         """The KV cache group whose block tables address this layer's blocks."""
         return self._group_of[layer]

@@ -1,0 +1,130 @@
+"""The extension's 4-bit linear with float32 activations (csrc/q4_matmul.cpp, what a float32
+model's Int4Weight computes batch-1 decode with, issue 29): the file's 4-bit weights times
+float32 rows as dequantize-then-GEMM gives them, up to float32 rounding, at odd shapes and row
+counts on both sides of its register tiles and its 64-row blocks; the weight read back exactly
+from the op's layout; bad inputs refused with a message saying what was expected."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from services.worker.layers import cpu_attention_ext
+from services.worker.layers.gguf_quant import GroupQuant
+from services.worker.layers.int4_weight import (
+    Q4_OP,
+    Q4_OP_MAX_ROWS,
+    Int4Weight,
+    pack_nibbles,
+    pack_q4_columns,
+    quantize_int4,
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension() -> None:
+    """`make install` builds it; a bare checkout builds it here once (cached in build/)."""
+    if not cpu_attention_ext.load():
+        cpu_attention_ext.build()
+        cpu_attention_ext.load.cache_clear()
+        assert cpu_attention_ext.load()
+
+
+def _groups(out: int, cols: int, seed: int = 0, float16: bool = False) -> GroupQuant:
+    """Random 4-bit groups; float16: scales and offsets rounded to float16, as GGUF's are."""
+    generator = torch.Generator().manual_seed(seed)
+    groups = quantize_int4(torch.randn(out, cols, generator=generator))
+    if not float16:
+        return groups
+    scale, offset = groups.scale.half().float(), groups.offset.half().float()
+    return GroupQuant(groups.q, scale, offset, bits=4)
+
+
+def _assert_close_to_reference(got: torch.Tensor, x: torch.Tensor, groups: GroupQuant) -> None:
+    """Within float32 rounding of the exact product: the op sums q * x per group, then scales
+    and adds offset * sum(x), so a few ulps of |x| . (|q * scale| + |offset|) a column."""
+    expected = x.double() @ groups.dequantized().double().T
+    q = groups.q.double().unflatten(-1, (-1, 32))
+    magnitude = (q * groups.scale.double()[..., None]).abs() + groups.offset.double()[
+        ..., None
+    ].abs()
+    bound = (x.double().abs() @ magnitude.flatten(-2).T) * x.shape[-1] * 2**-24
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    assert torch.all((got.double() - expected).abs() <= bound)
+
+
+def _op(x: torch.Tensor, groups: GroupQuant) -> torch.Tensor:
+    packed, pairs = pack_q4_columns(pack_nibbles(groups.q), groups.scale, groups.offset)
+    return torch.ops.layerserve.q4_linear(x, packed, pairs, groups.q.shape[0])
+
+
+@pytest.mark.parametrize("rows", [*range(1, 10), 17, 300])
+@pytest.mark.parametrize("out, cols", [(37, 96), (576, 64), (130, 32)])
+@pytest.mark.parametrize("float16", [True, False])
+def test_matches_dequantize_then_gemm(rows: int, out: int, cols: int, float16: bool) -> None:
+    groups = _groups(out, cols, seed=rows, float16=float16)
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(out))
+    _assert_close_to_reference(_op(x, groups), x, groups)
+
+
+def test_two_threads_give_the_same_result_as_one() -> None:
+    groups, x = _groups(320, 576), torch.randn(5, 576)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _op(x, groups)
+        torch.set_num_threads(2)
+        two = _op(x, groups)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)  # each output is one thread's, summed in one order
+
+
+def test_the_weight_reads_back_exactly_from_the_ops_layout() -> None:
+    groups = _groups(80, 96, float16=True)  # 80: a padded second block
+    weight = Int4Weight(groups, torch.float32)
+    assert weight.kernel.small is Q4_OP and weight.pairs.dtype == torch.float16
+    assert torch.equal(weight.nibbles, pack_nibbles(groups.q))
+    assert torch.equal(weight.scale, groups.scale) and torch.equal(weight.offset, groups.offset)
+    assert torch.equal(weight.dequantized(), groups.dequantized())
+    ids = torch.tensor([[79, 0], [64, 3]])
+    assert torch.equal(F.embedding(ids, weight), groups.dequantized()[ids])
+    assert Int4Weight(_groups(80, 96), torch.float32).pairs.dtype == torch.float32  # min/max
+
+
+def test_other_layouts_go_through_the_kernel_and_bad_inputs_are_refused() -> None:
+    groups = _groups(48, 64)
+    weight = Int4Weight(groups, torch.float32)
+    columns = torch.randn(64, 2).t()  # not contiguous: the kernel makes it so
+    _assert_close_to_reference(Q4_OP(columns, weight), columns, groups)
+    batched = torch.randn(2, 1, 64)
+    assert Q4_OP(batched, weight).shape == (2, 1, 48)
+    op, packed, pairs = torch.ops.layerserve.q4_linear, weight.packed, weight.pairs
+    with pytest.raises(RuntimeError, match="x \\[M, K\\] float32 contiguous"):
+        op(columns, packed, pairs, 48)
+    with pytest.raises(RuntimeError, match="x \\[M, K\\] float32"):
+        op(torch.randn(2, 64, dtype=torch.bfloat16), packed, pairs, 48)
+    with pytest.raises(RuntimeError, match="K must divide by 32 and match"):
+        op(torch.randn(2, 96), packed, pairs, 48)
+    with pytest.raises(RuntimeError, match="packed \\[ceil\\(N / 64\\), K / 2, 64\\] uint8"):
+        op(torch.randn(2, 64), packed, pairs, 130)
+    with pytest.raises(RuntimeError, match="pairs \\[ceil\\(N / 64\\), K / 32, 2, 64\\]"):
+        op(torch.randn(2, 64), packed, pairs.double(), 48)
+
+
+def test_a_float32_weight_computes_batch_1_in_float32() -> None:
+    """Int4Weight's auto kernel: the op up to Q4_OP_MAX_ROWS rows, whose float32 result is far
+    closer to the file's weights than int4pack's bfloat16 one (8 bits of mantissa); int4pack
+    above, and for bfloat16 models."""
+    groups = _groups(96, 576, float16=True)
+    weight = Int4Weight(groups, torch.float32)
+    x = torch.randn(Q4_OP_MAX_ROWS, 576)
+    _assert_close_to_reference(F.linear(x, weight), x, groups)
+    exact = x.double() @ groups.dequantized().double().T
+    int4pack = F.linear(torch.randn(Q4_OP_MAX_ROWS + 1, 576), weight)
+    assert int4pack.shape == (Q4_OP_MAX_ROWS + 1, 96)
+    error = (F.linear(x, weight).double() - exact).abs().max()
+    assert error < 1e-4 * exact.abs().max()  # bfloat16 activations would be ~1e-2
+    bfloat16 = Int4Weight(_groups(96, 576), torch.bfloat16)
+    assert bfloat16.kernel.small is not Q4_OP and bfloat16.packed.numel() == 0
