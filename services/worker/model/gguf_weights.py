@@ -63,9 +63,8 @@ def stored_groups(
         heads["self_attn.k_proj.weight"] = config.num_kv_heads
     found = {}
     for tensor in reader.tensors:
-        if tensor.tensor_type not in GROUP_TYPES or tensor.tensor_type not in types:
-            continue
-        if len(tensor.shape) != 2:
+        kept = tensor.tensor_type in GROUP_TYPES and tensor.tensor_type in types
+        if not kept or len(tensor.shape) != 2:
             continue
         name = HF_NAMES[architecture](tensor.name)
         groups = decode_blocks(tensor.data, int(tensor.tensor_type))
