@@ -30,7 +30,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=float,
         default=None,
         help="how long tests/reliability/test_soak.py runs (default: LAYERSERVE_SOAK_SECONDS, "
-        "else 60)",
+        "else 30)",
     )
 
 

@@ -27,7 +27,7 @@ from tests.reliability.record import write_record
 API_KEY = "reliability-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL = "smollm2-135m-instruct"  # the null worker serves it under this name, without weights
-DEFAULT_SOAK_SECONDS = 60.0
+DEFAULT_SOAK_SECONDS = 30.0  # the shortest whose thirds compare; --soak-seconds N for longer
 LOAD_NUM_BLOCKS = 4096
 # The fuzz tests' phases: no shrinking unless LAYERSERVE_FUZZ_SHRINK is set. Their examples run
 # against live processes, and a failing one may be a hang, each replay of it a call timeout:
