@@ -6,39 +6,25 @@ greedy one, which temperature 1 gives for these questions only by rare chance.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import anthropic
 import openai
 import pytest
 
 from services.stack import Stack
-from tests.e2e.conftest import API_KEY, MODEL, loopback_config, start_stack
+from tests.e2e.conftest import API_KEY, MODEL
 from tests.e2e.helpers import post
 
 pytestmark = pytest.mark.e2e
 
 QUESTIONS = ("What is the capital of France?", "Name three colours.")
 MAX_TOKENS = 16
-GREEDY_DEFAULTS = '[[gguf]]\nfile = "SmolLM2-135M-Instruct*.gguf"\ntemperature = 0.0\n'
 
 
-@pytest.fixture(scope="module")
-def greedy_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = Path(tmp_path_factory.mktemp("greedy-defaults"))
-    table = tmp / "generation_defaults.toml"
-    table.write_text(GREEDY_DEFAULTS)
-    config = loopback_config(
-        model_name=MODEL,
-        worker_args=["--num-blocks", "128"],
-        log_dir=tmp,
-        env={"LAYERSERVE_API_KEYS": API_KEY, "LAYERSERVE_GENERATION_DEFAULTS": str(table)},
-        redis="off",
-    )
-    stack = start_stack(config)
-    yield stack
-    stack.stop()
+@pytest.fixture
+def greedy_stack(smollm_and_gemma: Stack) -> Stack:
+    """SmolLM2 at the worker's defaults, made greedy by its defaults table (GREEDY_DEFAULTS in
+    tests/e2e/conftest.py), beside Gemma 3 in the package's shared stack."""
+    return smollm_and_gemma
 
 
 def _greedy(stack: Stack, question: str) -> str:

@@ -4,7 +4,6 @@ layers hand back the KV blocks their window has passed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -13,36 +12,22 @@ import pytest
 
 from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.stack import Stack
-from services.stack_file import ModelSpec, read_stack_file
+from services.stack_file import read_stack_file
 from services.worker.model.packaged import packaged_path
-from tests.e2e.conftest import API_KEY, MODEL, free_ports, loopback_config, start_stack
+from tests.e2e.conftest import API_KEY, GEMMA, GEMMA_BLOCK, GEMMA_NUM_BLOCKS, MODEL
 from tests.e2e.helpers import sse_events
 
 pytestmark = pytest.mark.e2e
-GEMMA = "gemma3-270m"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CONFIG_FILE = Path(__file__).parents[2] / "configs" / "smollm2-and-gemma3.toml"
-# Gemma's 18 layers form 6 KV cache groups of 3 (1 global, 5 sliding with a 512-token window),
-# so a block holds 3 layers: 330 blocks take the memory of 55 blocks of all 18 layers, which
-# would hold 880 tokens of one sequence.
-NUM_BLOCKS, BLOCK, CHUNK = 330, 16, 128
+NUM_BLOCKS, BLOCK = GEMMA_NUM_BLOCKS, GEMMA_BLOCK
 
 
-@pytest.fixture(scope="module")
-def both(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    log_dir = tmp_path_factory.mktemp("gemma3-logs")
-    config = loopback_config(
-        worker_ports=tuple(free_ports(2)),
-        models=(ModelSpec(MODEL), ModelSpec(GEMMA, str(packaged_path()))),
-        worker_args=["--num-blocks", str(NUM_BLOCKS), "--max-model-len", "2048"],
-        # Long prompts prefill in chunks, so the window passes blocks during the prefill too.
-        scheduler_args=["--max-num-batched-tokens", str(CHUNK)],
-        log_dir=log_dir,
-        env={"LAYERSERVE_API_KEYS": API_KEY},
-    )
-    stack = start_stack(config)
-    yield stack
-    stack.stop()
+@pytest.fixture
+def both(smollm_and_gemma: Stack) -> Stack:
+    """The package's stack of both models (tests/e2e/conftest.py), SmolLM2 greedy by default
+    there: these tests give their temperature."""
+    return smollm_and_gemma
 
 
 def _complete(stack: Stack, model: str, prompt: str) -> dict:
