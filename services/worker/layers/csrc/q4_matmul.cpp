@@ -103,9 +103,9 @@ inline FloatLanes multiply_add(FloatLanes a, FloatLanes b, FloatLanes acc) {
 // R activation rows (x, K apart; xsum: their group sums, groups apart) against C vectors of a
 // block of 64 weight rows, from vector c0 (packed: the block's [K / 2, 64] bytes; pairs: its
 // [groups, 2, 64]) -> out[r * out_stride + i] for those of the C * 16 rows below `valid`. R * C
-// accumulators and as many group sums stay in registers: 4 x 1, 2 x 4 or 4 x 2 fit AVX-512's
-// 32. One row alone gets two accumulators per vector (even and odd columns), so that enough
-// multiply-adds are in flight.
+// accumulators, their group sums and R broadcast columns stay in registers: 1 x 4, 2 x 4 and
+// 4 x 2 fit AVX-512's 32. One row alone gets two group sums per vector (even and odd columns),
+// so that enough multiply-adds are in flight.
 template <typename P, int R, int C>
 void block_rows(const uint8_t* packed, const P* pairs, int64_t groups, const float* x,
                 const float* xsum, float* out, int64_t out_stride, int64_t valid, int c0) {
