@@ -148,7 +148,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--quantization", default="int8", choices=["none", "int8", "int4", "gguf"],
-                   help="gguf: the file's 4-bit weights kept as stored (int4pack)")  # fmt: skip
+                   help="gguf: the file's 4-bit weights kept as stored")  # fmt: skip
     p.add_argument("--head-int8", action="store_true", help="the embedding/head in int8 too")
     p.add_argument("--threads", type=int, default=1, help="torch threads (CPU time needs 1)")
     args = p.parse_args()
