@@ -8,6 +8,8 @@ DenseKV (dense_kv.py); greedy_generate below drives whichever fits the model."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from services.worker.model.llama import LlamaModel
@@ -16,15 +18,23 @@ from tests.reference_models import gemma3_reference, llama_reference
 from tests.reference_models.dense_kv import DenseKV
 
 
-def default_model_greedy(prompts: list[str], max_new_tokens: int) -> list[list[int]]:
-    """greedy_generate of each prompt on the default model, dense in float32."""
+@functools.cache
+def default_model() -> LoadedModel:
+    """The default model in float32 on the CPU, loaded once a session (12 s on a busy 2-core
+    machine): tests/unit/worker's `smollm` and the e2e references share it (a test that changes
+    it puts it back)."""
     # Imported here: the GPU check collects this package's users on machines without `gguf`.
-    from services.tokenizer.loader import load_tokenizer
     from services.worker.model.loader import default_path, load_model
 
+    return load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
+
+
+def default_model_greedy(prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+    """greedy_generate of each prompt on the default model, dense in float32."""
+    from services.tokenizer.loader import load_tokenizer
+
     tokenizer = load_tokenizer(None)
-    loaded = load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
-    return [greedy_generate(loaded, tokenizer.encode(p), max_new_tokens) for p in prompts]
+    return [greedy_generate(default_model(), tokenizer.encode(p), max_new_tokens) for p in prompts]
 
 
 def greedy_generate(

@@ -15,6 +15,7 @@ from services.worker.engine.model_runner import ModelRunner
 from services.worker.layers.attention_backends import torch_backend
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.loaded import LoadedModel
+from tests.reference_models import default_model
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -22,9 +23,7 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def smollm() -> LoadedModel:
-    from services.worker.model.loader import default_path, load_model
-
-    return load_model(default_path(), dtype=torch.float32, device=torch.device("cpu"))
+    return default_model()  # the e2e references' too: one load a session
 
 
 @pytest.fixture(scope="session")
