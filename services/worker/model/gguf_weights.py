@@ -75,12 +75,14 @@ def stored_groups(
     return found
 
 
-def has_four_bit(reader: GGUFFile) -> bool:
-    """Whether --quantization auto keeps this file's weights: a llama GGUF with Q4_0/Q4_1
-    tensors or a Gemma 3 one with Q4_K (its Q5_0/Q8_0 kept beside them); both measured faster
-    and closer to the float reference than the float load (docs/benchmarks.md, issue 29)."""
-    types = AUTO_KEPT.get(str(read_field(reader, "general.architecture")), frozenset())
-    return any(t.tensor_type in types for t in reader.tensors)
+def auto_kept_architecture(reader: GGUFFile) -> str | None:
+    """The file's architecture where --quantization auto keeps its weights, else None: a llama
+    GGUF with Q4_0/Q4_1 tensors or a Gemma 3 one with Q4_K (its Q5_0/Q8_0 kept beside them);
+    both measured faster and closer to the float reference than the float load
+    (docs/benchmarks.md, issue 29)."""
+    architecture = str(read_field(reader, "general.architecture"))
+    types = AUTO_KEPT.get(architecture, frozenset())
+    return architecture if any(t.tensor_type in types for t in reader.tensors) else None
 
 
 def keep_gguf_quantized(

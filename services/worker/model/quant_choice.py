@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4", "gguf")  # --quantization
+_KEPT_REASONS = {  # by the GGUF's general.architecture, where "auto" keeps its weights
+    "llama": "auto: the file's Q4_0/Q4_1 weights kept 4-bit (int4pack)",
+    "gemma3": "auto: the file's Q4_K weights kept 4-bit (int4pack), Q5_0/Q8_0 as int8",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,14 +41,12 @@ def resolve_quantization(
         )
     if choice != "auto":
         return QuantizationChoice(choice, "--quantization")
-    if not file_has_four_bit(path):
+    architecture = _auto_kept_architecture(path)
+    if architecture is None:
         return QuantizationChoice("none", "auto: not a GGUF file with Q4_0/Q4_1 (or Gemma Q4_K)")
     if device_type != "cpu":
         return QuantizationChoice("none", f"auto: no measured 4-bit kernel on {device_type} yet")
-    if _architecture(path) == "gemma3":
-        reason = "auto: the file's Q4_K weights kept 4-bit (int4pack), Q5_0/Q8_0 as int8"
-        return QuantizationChoice("gguf", reason)
-    return QuantizationChoice("gguf", "auto: the file's Q4_0/Q4_1 weights kept 4-bit (int4pack)")
+    return QuantizationChoice("gguf", _KEPT_REASONS[architecture])
 
 
 def keeps_four_bit(choice: str, path: Path | None, device_type: str) -> bool:
@@ -58,16 +60,14 @@ def keeps_four_bit(choice: str, path: Path | None, device_type: str) -> bool:
 def file_has_four_bit(path: Path) -> bool:
     """Whether `path` is a GGUF file whose 4-bit weights "auto" keeps: a llama file's
     Q4_0/Q4_1, a Gemma 3 file's Q4_K (reads its header only)."""
+    return _auto_kept_architecture(path) is not None
+
+
+def _auto_kept_architecture(path: Path) -> str | None:
+    """The GGUF file's architecture where "auto" keeps its weights, else None."""
     if path.suffix != ".gguf" or not path.is_file():
-        return False
+        return None
     from services.common.gguf_file import GGUFFile
-    from services.worker.model.gguf_weights import has_four_bit
+    from services.worker.model.gguf_weights import auto_kept_architecture
 
-    return has_four_bit(GGUFFile(path))
-
-
-def _architecture(path: Path) -> str:
-    from services.common.gguf_file import GGUFFile
-    from services.worker.model.gguf_loader import read_field
-
-    return str(read_field(GGUFFile(path), "general.architecture"))
+    return auto_kept_architecture(GGUFFile(path))
