@@ -15,7 +15,9 @@ speculation off):
 - batch-1 decode tok/s: a 128-token prompt, 128 tokens out, median of --reps, interleaved
   (each repetition runs every setting once), by wall clock and by this thread's CPU time.
 With --llama-cpp (the llama-cpp extra installed): llama.cpp's first-token candidates and greedy
-answer to the README's question on the same file, for reference."""
+answer to the README's question on the same file, for reference. --model measures another GGUF
+(Gemma 3 270M: docs/benchmarks.md, "Issue 29: K-quants and Q5_0 kept"); a setting
+float32:gguf/Q4_K keeps only the weights the file stores as that type."""
 
 from __future__ import annotations
 
