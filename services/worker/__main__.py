@@ -34,9 +34,6 @@ def build_runner(config: WorkerConfig) -> Runner:
         )
     import torch
 
-    from services.worker.engine.encoder_runner import EncoderRunner
-    from services.worker.engine.model_runner import ModelRunner
-    from services.worker.model.registry import is_encoder
     from services.worker.thread_choice import usable_cpus, worker_threads
 
     threads = worker_threads(config.threads)
@@ -55,6 +52,23 @@ def build_runner(config: WorkerConfig) -> Runner:
         _require_platform(device, config.dtype)
     if config.tensor_parallel_size > 1:
         return _start_tensor_parallel(config, device)
+    # The load (decoding and repacking weights, zeroing the KV cache) runs on one thread, the
+    # steps on `threads`: where another process holds a core, OpenMP's threads wait on each
+    # other at every parallel op (SmolLM2 loaded in 24 s with 2 threads against 8 s with 1, on
+    # 2 cores at load average 6), and the load gains nothing from a second thread when quiet.
+    torch.set_num_threads(1)
+    try:
+        return _create_runner(config, device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _create_runner(config: WorkerConfig, device: str) -> Runner:
+    """The model's runner: an encoder's or a generator's, loaded from config.model_path."""
+    from services.worker.engine.encoder_runner import EncoderRunner
+    from services.worker.engine.model_runner import ModelRunner
+    from services.worker.model.registry import is_encoder
+
     try:
         if is_encoder(config.model_path):  # a sentence-embedding model: prefill only
             return EncoderRunner.create(
