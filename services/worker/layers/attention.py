@@ -89,6 +89,20 @@ class AttentionBackend(Protocol):
         """q [T, H, D], k [T, Hkv, D] rotated (HF rotate_half) at their positions."""
         ...
 
+    def rope_write_kv(
+        self,
+        cache: PagedKVCache,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        """apply_rope at attn.positions, then write_kv of the rotated k and v: returns q
+        rotated (the CPU backend does both in one op)."""
+        ...
+
 
 TORCH: AttentionBackend = TorchAttention()  # the reference: models' default, tests' baseline
 
@@ -133,6 +147,22 @@ class StepAttention:
         AttentionBackend.paged_attention."""
         group = self.for_group(kv_cache.group_of(layer))
         self.backend.write_kv(kv_cache, layer, k, v, group)
+        return self.backend.paged_attention(q, kv_cache.layer(layer), group, window)
+
+    def rope_and_attend(
+        self,
+        kv_cache: PagedKVCache,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        window: int | None = None,
+    ) -> torch.Tensor:
+        """attend() of q and k rotated first (rotary: what backend.rotary() made): the backend's
+        rope_write_kv rotates them and stores k, v, one call of the extension on the CPU."""
+        group = self.for_group(kv_cache.group_of(layer))
+        q = self.backend.rope_write_kv(kv_cache, layer, q, k, v, rotary, group)
         return self.backend.paged_attention(q, kv_cache.layer(layer), group, window)
 
     def for_group(self, group: int) -> AttentionMetadata:

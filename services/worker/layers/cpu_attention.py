@@ -7,7 +7,8 @@ RoPE runs in the extension too (csrc/rope.cpp: q and k in place, one call instea
 torch ops, the same bits), and so does SiLU-mul (csrc/small_ops.cpp: torch_ops.py's ATen calls
 made from C++, one dispatch from Python), and so do the norms (the residual add before a
 norm in the same call, bit for bit), and so does a layer's KV cache write (csrc/kv_write.cpp:
-k and v copied to their slots in one call, not two index_copy_). All of it is the torch path's
+k and v copied to their slots in one call, not two index_copy_; a Llama layer's RoPE and KV
+write are one call, rope_write_kv_). All of it is the torch path's
 on any other device (--kernels torch on CUDA): the torch path stays the
 reference this one is tested against (tests/unit/worker/test_cpu_attention.py)."""
 
@@ -94,6 +95,26 @@ class CpuAttention(TorchAttention):
             return super().apply_rope(q, k, positions, rotary)
         torch.ops.layerserve.rope_(q, k, *rotary)
         return q, k
+
+    def rope_write_kv(
+        self,
+        cache: PagedKVCache,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        """apply_rope and write_kv above as one op (csrc/rope.cpp: rope_write_kv_), the same
+        bits: one dispatch a layer, not two; the two calls where either would not take it. A
+        slot out of range is refused after q and k are rotated, before the cache is written."""
+        k_flat, v_flat = cache.flat_layer(layer)
+        if q.device.type != "cpu" or k.dtype != k_flat.dtype or v.dtype != v_flat.dtype:
+            return super().rope_write_kv(cache, layer, q, k, v, rotary, attn)
+        op = torch.ops.layerserve.rope_write_kv_
+        op(q, k, v, *rotary, k_flat, v_flat, attn.slot_mapping)
+        return q
 
     def paged_attention(
         self,

@@ -189,6 +189,7 @@ class Int4Weight(QuantizedWeight):
     tiles: torch.Tensor  # the CPU int4pack layout (empty off the CPU)
     scales_and_zeros: torch.Tensor  # [in / 32, out, 2], compute dtype (empty off the CPU)
     kernel: Int4Kernel
+    op_rows: int  # linear() calls the C++ op itself up to this many rows (-1: never)
 
     @staticmethod
     def __new__(cls, groups: GroupQuant, dtype: torch.dtype, kernel: str = "auto") -> Int4Weight:
@@ -203,12 +204,14 @@ class Int4Weight(QuantizedWeight):
             weight = QuantizedWeight._wrap(cls, packed, dtype)
             weight.packed, weight.pairs = packed, pairs
             weight._nibbles = weight._scale = weight._offset = None  # read back from packed
+            weight.op_rows = chosen.max_rows
         else:
             weight = QuantizedWeight._wrap(cls, nibbles, dtype)
             weight.packed = weight.pairs = empty
             weight._nibbles = nibbles
             weight._scale = groups.scale.to(dtype).contiguous()
             weight._offset = groups.offset.to(dtype).contiguous()
+            weight.op_rows = -1
         weight.out_features, weight.kernel = groups.q.shape[0], chosen
         weight.tiles = weight.scales_and_zeros = empty
         if device.type == "cpu":
@@ -257,6 +260,10 @@ class Int4Weight(QuantizedWeight):
         return f"Int4Weight(shape={shape}, kernel={self.kernel.name})"
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        # A batch-1 decode step's 4-bit linears (120 a step for SmolLM2) call the op from here,
+        # what ByRows and Q4LinearOp would choose, without their two Python frames and checks.
+        if x.dim() == 2 and x.shape[0] <= self.op_rows and bias is None and x.is_contiguous():
+            return torch.ops.layerserve.q4_linear(x, self.packed, self.pairs, self.out_features)
         out = self.kernel(x, self)
         return out if bias is None else out + bias
 

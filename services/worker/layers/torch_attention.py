@@ -90,6 +90,20 @@ class TorchAttention:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return torch_ops.apply_rope(q, *rotary), torch_ops.apply_rope(k, *rotary)
 
+    def rope_write_kv(
+        self,
+        cache: PagedKVCache,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        q, k = self.apply_rope(q, k, attn.positions, rotary)
+        self.write_kv(cache, layer, k, v, attn)
+        return q
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The reference (torch_ops.rms_norm runs). x: [T, d] -> [T, d]; the statistic in float32

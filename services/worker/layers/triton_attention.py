@@ -101,3 +101,17 @@ class TritonAttention:
         rotary: tuple[torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return apply_rope(q, k, positions, *rotary, inplace=True)  # in place in qkv, no copy
+
+    def rope_write_kv(
+        self,
+        cache: PagedKVCache,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        q, k = self.apply_rope(q, k, attn.positions, rotary)
+        self.write_kv(cache, layer, k, v, attn)
+        return q

@@ -56,8 +56,7 @@ class LlamaAttention(FusedAttention):
         """x: [T, d] (normed) -> [T, d]. rotary: what attn.backend.rotary() made of the cos/sin
         tables (torch: [T, 1, D] of each token; Triton: the whole [P, D] tables)."""
         q, k, v = self.project_qkv(x)  # [T, H, D], [T, Hkv, D], [T, Hkv, D]
-        q, k = attn.backend.apply_rope(q, k, attn.positions, rotary)
-        return self.project_out(attn.attend(kv_cache, self.layer, q, k, v))
+        return self.project_out(attn.rope_and_attend(kv_cache, self.layer, q, k, v, rotary))
 
 
 class LlamaMLP(FusedGatedMLP):
@@ -140,8 +139,11 @@ class LlamaModel(nn.Module):
         x = F.embedding(input_ids, self.embed_tokens)  # [T, d], the residual stream's start
         rotary = attn.backend.rotary(self.rope.cos, self.rope.sin, positions, x.dtype)
         residual = None
+        # forward, not __call__: nn.Module's call wrapper costs two Python frames and its hook
+        # checks per layer (a few % of a batch-1 CPU step), and nothing hooks a decoder layer
+        # (tensor_parallel.py hooks self_attn and mlp, which are still called through it).
         for layer in self.layers:
-            x, residual = layer(x, residual, rotary, attn, kv_cache)
+            x, residual = layer.forward(x, residual, rotary, attn, kv_cache)
         assert residual is not None  # a model has layers
         return attn.backend.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)
 

@@ -36,8 +36,13 @@ void check(const at::Tensor& cache, const at::Tensor& x, const at::Tensor& slots
               "layerserve::write_kv_: slot_mapping [T] int64, one slot a token");
 }
 
-void write_kv_(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k, const at::Tensor& v,
-               const at::Tensor& slot_mapping) {
+}  // namespace
+
+namespace layerserve {
+
+// Also called by rope.cpp's rope_write_kv_ (RoPE and this write in one op).
+void write_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& slot_mapping) {
   check(k_cache, k, slot_mapping);
   check(v_cache, v, slot_mapping);
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "layerserve::write_kv_: K and V caches differ");
@@ -60,11 +65,11 @@ void write_kv_(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k, cons
   }
 }
 
-}  // namespace
+}  // namespace layerserve
 
 TORCH_LIBRARY_FRAGMENT(layerserve, m) {
   m.def(
       "write_kv_(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping)"
       " -> ()");
-  m.impl("write_kv_", c10::DispatchKey::CPU, &write_kv_);
+  m.impl("write_kv_", c10::DispatchKey::CPU, &layerserve::write_kv);
 }

@@ -86,7 +86,27 @@ void rope_(at::Tensor q, at::Tensor k, const at::Tensor& cos, const at::Tensor& 
 
 }  // namespace
 
+namespace layerserve {
+
+void write_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& slot_mapping);  // kv_write.cpp
+
+// A layer's RoPE and KV cache write as one op (one dispatch from Python, not two): q and k
+// rotated in place as rope_ does, then k and v stored at their slots as write_kv_ does.
+void rope_write_kv_(at::Tensor q, at::Tensor k, const at::Tensor& v, const at::Tensor& cos,
+                    const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache,
+                    const at::Tensor& slot_mapping) {
+  rope_(q, k, cos, sin);
+  write_kv(k_cache, v_cache, k, v, slot_mapping);
+}
+
+}  // namespace layerserve
+
 TORCH_LIBRARY_FRAGMENT(layerserve, m) {
   m.def("rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()");
   m.impl("rope_", c10::DispatchKey::CPU, &rope_);
+  m.def(
+      "rope_write_kv_(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor cos, Tensor sin,"
+      " Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping) -> ()");
+  m.impl("rope_write_kv_", c10::DispatchKey::CPU, &layerserve::rope_write_kv_);
 }
