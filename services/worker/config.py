@@ -152,8 +152,9 @@ class WorkerConfig:
         choices=QUANTIZATION_CHOICES,
         help="auto: a GGUF's 4-bit weights kept as stored on the CPU, else none; "
         "int8: weight-only int8 linears (one scale per output channel); int4: group-wise "
-        "4-bit linears (32 columns a group); gguf: the file's Q4_0/Q4_1 tensors kept 4-bit "
-        "(activations, embeddings, norms and the output head stay in --dtype)",
+        "4-bit linears (32 columns a group); gguf: the file's block-quantized tensors kept as "
+        "stored (Q4_0/Q4_1/Q4_K 4-bit; Q8_0/Q5_0 as int8 under float32 on the CPU; "
+        "activations and norms stay in --dtype)",
     )
     drain_timeout_s: float = drain_timeout_setting()  # on SIGTERM, for requests it holds
     metrics_port: int = metrics_port_setting()

@@ -3,16 +3,16 @@ input columns, w = q * scale + offset (GGUF's Q4_0 and Q4_1 exactly, gguf_quant.
 weight quantized min/max per group, --quantization int4). Int4Weight is the QuantizedWeight of
 this format; how it computes F.linear is an Int4Kernel chosen once, when the weight is made.
 
-It keeps two forms of the same values (one byte a weight in all, against bfloat16's two):
-- on the CPU, torch's int4 tile layout (_convert_weight_to_int4pack_for_cpu) with its
-  scales_and_zeros [groups, out, 2], which computes w = (q - 8) * scale + zero: zero is
+It keeps the values in one of two pairs of forms, by how they are computed:
+- a float32 weight on the CPU, when the C++ extension is built: the nibbles block-transposed
+  for torch.ops.layerserve.q4_linear (csrc/q4_matmul.cpp, pack_q4_columns) with float16 (or
+  float32) scale/offset pairs, 0.625 bytes a weight. Every row count is summed in float32: the
+  op up to Q4_OP_MAX_ROWS rows (a decode batch, a prefill chunk), dequantize-then-GEMM above;
+- otherwise, on the CPU, torch's int4 tile layout (_convert_weight_to_int4pack_for_cpu) with
+  its scales_and_zeros [groups, out, 2], which computes w = (q - 8) * scale + zero: zero is
   offset + 8 * scale (Q4_0: 0; Q4_1: m + 8d), computed in float32 and rounded to the kernel's
-  dtype (bfloat16 for float32 activations: 8 bits of mantissa against float16 d's 11);
-- two nibbles a byte [out, in / 2] (column 2j low, 2j + 1 high), which the dequantize-then-GEMM
-  kernel and embedding lookups unpack; for a float32 weight on the CPU, when the C++ extension
-  is built, the same bytes block-transposed for torch.ops.layerserve.q4_linear
-  (csrc/q4_matmul.cpp, pack_q4_columns) instead: a float32 model's batch-1 decode then stays
-  in float32 (no casts to bfloat16 and back) and is faster than int4pack."""
+  dtype (bfloat16 for float32 activations: 8 bits of mantissa); beside it two nibbles a byte [out, in / 2] (column 2j low, 2j + 1 high), which the
+  dequantize-then-GEMM kernel and embedding lookups unpack (one byte a weight in all)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,15 @@ from services.worker.layers.quantized_weight import QuantizedWeight
 # at all three (the unpacking dominates), float32 GEMM 1.3 / 6.1 / 17 ms: int4pack wins
 # through 64 rows; dequantize pays only for prefill chunks of hundreds of tokens.
 INT4PACK_MAX_ROWS = 256
-# Up to this many rows, a float32 model computes with the C++ op in float32 (Q4LinearOp), where
-# it is faster than int4pack with its two casts (1 thread, the model's four shapes, weights read
-# from memory as in a step: 0.70-0.85x int4pack's time at 1 row, 0.8-1.0x at 2); from 4 rows
-# int4pack is 1.1-1.2x faster (docs/benchmarks.md, "4-bit weights").
-Q4_OP_MAX_ROWS = 2
+# Up to this many rows, a float32 model computes with the C++ op in float32 (Q4LinearOp), and
+# with dequantize-then-GEMM in float32 above: every product of the file's values is then
+# summed in float32, as the float32 reference's GEMM does (int4pack would take the activations
+# and the zeros as bfloat16, 8 bits of mantissa: greedy text parted from the reference's in
+# 3 of 24 prompts for SmolLM2's Q4_1, 4 of 24 for Gemma 3's Q4_K, 0 with float32 sums). The
+# op is faster than int4pack with its two casts at 1-2 rows (0.70-0.85x its time at 1 row) and
+# 1.03-1.16x slower from 4 to 256 rows (the model's four shapes, 1 thread, weights read from
+# memory; docs/benchmarks.md, "4-bit weights"): that cost is the price of the float32 sums.
+Q4_OP_MAX_ROWS = INT4PACK_MAX_ROWS
 Q4_BLOCK_ROWS = 64  # output rows a block of the op's layout (csrc/q4_matmul.cpp)
 _INNER_K_TILES = 2  # int4pack's tile: 2 x 16 input columns (its K must divide by 32)
 
@@ -154,18 +158,17 @@ TRITON_MAX_ROWS = 16
 def int4_kernel(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Int4Kernel:
     """The kernel `name` names ("int4pack" or "dequant" on the CPU); "auto" (or the int8
     kernel names quantize_model also accepts): on the CPU, int4pack up to INT4PACK_MAX_ROWS
-    rows, where a small batch is bound by reading weights, and dequantize-then-GEMM above it,
-    with the float32 op (Q4LinearOp) first up to Q4_OP_MAX_ROWS for float32 weights when the
-    extension is built; on CUDA the Triton kernel up to TRITON_MAX_ROWS rows,
+    rows, where a small batch is bound by reading weights, and dequantize-then-GEMM above it;
+    for float32 weights, when the extension is built, the float32 op (Q4LinearOp) in
+    int4pack's place (Q4_OP_MAX_ROWS); on CUDA the Triton kernel up to TRITON_MAX_ROWS rows,
     dequantize-then-GEMM above."""
     if device.type != "cpu":
         return DEQUANT if name == "dequant" else ByRows(TRITON, DEQUANT, TRITON_MAX_ROWS)
     if name in INT4_KERNELS:
         return INT4_KERNELS[name]
-    packed = ByRows(INT4PACK, DEQUANT, INT4PACK_MAX_ROWS)
     if dtype == torch.float32 and q4_op_available():
-        return ByRows(Q4_OP, packed, Q4_OP_MAX_ROWS)
-    return packed
+        return ByRows(Q4_OP, DEQUANT, Q4_OP_MAX_ROWS)
+    return ByRows(INT4PACK, DEQUANT, INT4PACK_MAX_ROWS)
 
 
 def q4_op_available() -> bool:
@@ -179,15 +182,15 @@ class Int4Weight(QuantizedWeight):
     """A linear weight [out, in] held as 4-bit values with a scale and offset per 32 columns.
 
     With the C++ op (a float32 weight on the CPU, Q4LinearOp), the nibbles, scales and offsets
-    are held only in the op's layout (packed, pairs) and the properties below read them back
-    from it: the weight stays at the bytes it had before the op (int4pack's tiles + one more
-    form), and only dequantized() and embedding lookups pay for the transposes."""
+    are held only in the op's layout (packed, pairs: 0.625 bytes a weight for a GGUF's float16
+    scales) and the properties below read them back from it; int4pack's tiles are not made, as
+    int4pack never runs for it. Only dequantized() and embedding lookups pay for the transposes."""
 
     out_features: int
     packed: torch.Tensor  # uint8 [ceil(out / 64), in / 2, 64] (Q4LinearOp; else empty)
     pairs: torch.Tensor  # [ceil(out / 64), in / 32, 2, 64] scale, offset (Q4LinearOp; else empty)
-    tiles: torch.Tensor  # the CPU int4pack layout (empty off the CPU)
-    scales_and_zeros: torch.Tensor  # [in / 32, out, 2], compute dtype (empty off the CPU)
+    tiles: torch.Tensor  # the CPU int4pack layout (empty off the CPU and with the op)
+    scales_and_zeros: torch.Tensor  # [in / 32, out, 2], compute dtype (as tiles)
     kernel: Int4Kernel
     op_rows: int  # linear() calls the C++ op itself up to this many rows (-1: never)
 
@@ -214,7 +217,7 @@ class Int4Weight(QuantizedWeight):
             weight.op_rows = -1
         weight.out_features, weight.kernel = groups.q.shape[0], chosen
         weight.tiles = weight.scales_and_zeros = empty
-        if device.type == "cpu":
+        if device.type == "cpu" and weight.op_rows < 0:  # int4pack's layout, where it may run
             weight.tiles = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                 groups.q.to(torch.int32), _INNER_K_TILES
             )

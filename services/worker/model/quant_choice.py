@@ -1,12 +1,13 @@
 """Which weight format the worker computes with: --quantization, "auto" resolved at load.
 
 "auto" keeps a GGUF file's 4-bit weights as the file stores them ("gguf", model/gguf_weights.py)
-when the model runs on the CPU, in any compute dtype: torch's int4 kernel reads a quarter of
-bfloat16's bytes and measured about 2x the float weights' decode speed at batch 1 (float32
-activations go through it as bfloat16; docs/benchmarks.md, "Issue 29: 4-bit weights, served as
-they ship" and "the CPU default"). That is a llama file's Q4_0/Q4_1, and a Gemma 3 file's Q4_K
-with its Q5_0/Q8_0 (int8 under float32 compute): 2.4x bfloat16 dense's speed and closer greedy
-text ("Issue 29: K-quants and Q5_0 kept"). Anything else stays as loaded ("none"): a float
+when the model runs on the CPU, in any compute dtype: a 4-bit kernel reads a quarter of
+bfloat16's bytes and measured 2-4x the float weights' decode speed at batch 1 (under float32
+compute the C++ op sums the file's values in float32, int4pack serves bfloat16;
+docs/benchmarks.md, "Issue 29: 4-bit weights, served as they ship" and "the CPU default").
+That is a llama file's Q4_0/Q4_1, and a Gemma 3 file's Q4_K with its Q5_0/Q8_0 (int8 under
+float32 compute): 2.4x bfloat16 dense's speed and closer greedy text ("Issue 29: K-quants and
+Q5_0 kept"). Anything else stays as loaded ("none"): a float
 checkpoint (int8/int4 from floats cost quality the file's own 4-bit values do not), or a CUDA
 device, where the Triton int4 kernel is not measured yet."""
 
@@ -17,8 +18,8 @@ from pathlib import Path
 
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4", "gguf")  # --quantization
 _KEPT_REASONS = {  # by the GGUF's general.architecture, where "auto" keeps its weights
-    "llama": "auto: the file's Q4_0/Q4_1 weights kept 4-bit (int4pack)",
-    "gemma3": "auto: the file's Q4_K weights kept 4-bit (int4pack), Q5_0/Q8_0 as int8",
+    "llama": "auto: the file's Q4_0/Q4_1 weights kept 4-bit",
+    "gemma3": "auto: the file's Q4_K weights kept 4-bit, Q5_0/Q8_0 as int8",
 }
 
 
