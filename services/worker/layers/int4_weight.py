@@ -11,8 +11,9 @@ It keeps the values in one of two pairs of forms, by how they are computed:
 - otherwise, on the CPU, torch's int4 tile layout (_convert_weight_to_int4pack_for_cpu) with
   its scales_and_zeros [groups, out, 2], which computes w = (q - 8) * scale + zero: zero is
   offset + 8 * scale (Q4_0: 0; Q4_1: m + 8d), computed in float32 and rounded to the kernel's
-  dtype (bfloat16 for float32 activations: 8 bits of mantissa); beside it two nibbles a byte [out, in / 2] (column 2j low, 2j + 1 high), which the
-  dequantize-then-GEMM kernel and embedding lookups unpack (one byte a weight in all)."""
+  dtype (bfloat16 for float32 activations: 8 bits of mantissa); beside it two nibbles a byte
+  [out, in / 2] (column 2j low, 2j + 1 high), which the dequantize-then-GEMM kernel and
+  embedding lookups unpack (one byte a weight in all)."""
 
 from __future__ import annotations
 
