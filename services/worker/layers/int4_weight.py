@@ -6,8 +6,8 @@ this format; how it computes F.linear is an Int4Kernel chosen once, when the wei
 It keeps the values in one of two pairs of forms, by how they are computed:
 - a float32 weight on the CPU, when the C++ extension is built: the nibbles block-transposed
   for torch.ops.layerserve.q4_linear (csrc/q4_matmul.cpp, pack_q4_columns) with float16 (or
-  float32) scale/offset pairs, 0.625 bytes a weight. Every row count is summed in float32: the
-  op up to Q4_OP_MAX_ROWS rows (a decode batch, a prefill chunk), dequantize-then-GEMM above;
+  float32) scale/offset pairs, 0.625 bytes a weight. The op computes every row count (decode,
+  a decode batch, a prefill chunk), summing in float32;
 - otherwise, on the CPU, torch's int4 tile layout (_convert_weight_to_int4pack_for_cpu) with
   its scales_and_zeros [groups, out, 2], which computes w = (q - 8) * scale + zero: zero is
   offset + 8 * scale (Q4_0: 0; Q4_1: m + 8d), computed in float32 and rounded to the kernel's
@@ -17,6 +17,7 @@ It keeps the values in one of two pairs of forms, by how they are computed:
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,15 +33,14 @@ from services.worker.layers.quantized_weight import QuantizedWeight
 # at all three (the unpacking dominates), float32 GEMM 1.3 / 6.1 / 17 ms: int4pack wins
 # through 64 rows; dequantize pays only for prefill chunks of hundreds of tokens.
 INT4PACK_MAX_ROWS = 256
-# Up to this many rows, a float32 model computes with the C++ op in float32 (Q4LinearOp), and
-# with dequantize-then-GEMM in float32 above: every product of the file's values is then
-# summed in float32, as the float32 reference's GEMM does (int4pack would take the activations
-# and the zeros as bfloat16, 8 bits of mantissa: greedy text parted from the reference's in
-# 3 of 24 prompts for SmolLM2's Q4_1, 4 of 24 for Gemma 3's Q4_K, 0 with float32 sums). The
-# op is faster than int4pack with its two casts at 1-2 rows (0.70-0.85x its time at 1 row) and
-# 1.03-1.16x slower from 4 to 256 rows (the model's four shapes, 1 thread, weights read from
-# memory; docs/benchmarks.md, "4-bit weights"): that cost is the price of the float32 sums.
-Q4_OP_MAX_ROWS = INT4PACK_MAX_ROWS
+# A float32 model computes with the C++ op (Q4LinearOp) at every row count: every product of
+# the file's values is summed in float32, as the float32 reference's GEMM does (int4pack would
+# take the activations and the zeros as bfloat16, 8 bits of mantissa: greedy text parted from
+# the reference's in 3 of 24 prompts for SmolLM2's Q4_1, 4 of 24 for Gemma 3's Q4_K, 0 with
+# float32 sums). Above 4 rows it decodes each 64-row block to float32 once per panel of rows
+# and runs a register-tiled GEMM on it: 0.4-0.5x the time of float32 F.linear on the dense
+# weight from 16 to 1024 rows (the model's four shapes, 1 thread; benchmarks/q4_linear.py),
+# where dequantize-then-GEMM, which it replaces above 256 rows, costs more than F.linear.
 Q4_BLOCK_ROWS = 64  # output rows a block of the op's layout (csrc/q4_matmul.cpp)
 _INNER_K_TILES = 2  # int4pack's tile: 2 x 16 input columns (its K must divide by 32)
 
@@ -99,8 +99,9 @@ class Int4PackMM:
 
 class Q4LinearOp:
     """torch.ops.layerserve.q4_linear (csrc/q4_matmul.cpp): float32 activations in and out,
-    every product and sum in float32, the weight in the op's own layout (pack_q4_columns). Only
-    for float32 weights on the CPU when the extension is built (int4_kernel checks both)."""
+    every product and sum in float32, the weight in the op's own layout (pack_q4_columns), any
+    number of rows. Only for float32 weights on the CPU when the extension is built
+    (int4_kernel checks both)."""
 
     name = "q4_linear"
 
@@ -160,15 +161,15 @@ def int4_kernel(name: str, device: torch.device, dtype: torch.dtype = torch.bflo
     """The kernel `name` names ("int4pack" or "dequant" on the CPU); "auto" (or the int8
     kernel names quantize_model also accepts): on the CPU, int4pack up to INT4PACK_MAX_ROWS
     rows, where a small batch is bound by reading weights, and dequantize-then-GEMM above it;
-    for float32 weights, when the extension is built, the float32 op (Q4LinearOp) in
-    int4pack's place (Q4_OP_MAX_ROWS); on CUDA the Triton kernel up to TRITON_MAX_ROWS rows,
-    dequantize-then-GEMM above."""
+    for float32 weights, when the extension is built, the float32 op (Q4LinearOp) at every
+    row count; on CUDA the Triton kernel up to TRITON_MAX_ROWS rows, dequantize-then-GEMM
+    above."""
     if device.type != "cpu":
         return DEQUANT if name == "dequant" else ByRows(TRITON, DEQUANT, TRITON_MAX_ROWS)
     if name in INT4_KERNELS:
         return INT4_KERNELS[name]
     if dtype == torch.float32 and q4_op_available():
-        return ByRows(Q4_OP, DEQUANT, Q4_OP_MAX_ROWS)
+        return Q4_OP
     return ByRows(INT4PACK, DEQUANT, INT4PACK_MAX_ROWS)
 
 
@@ -203,12 +204,12 @@ class Int4Weight(QuantizedWeight):
         nibbles = pack_nibbles(groups.q)
         chosen = int4_kernel(kernel, device, dtype)
         empty = torch.empty(0, device=device)
-        if isinstance(chosen, ByRows) and chosen.small is Q4_OP:
+        if chosen is Q4_OP:
             packed, pairs = pack_q4_columns(nibbles, groups.scale, groups.offset)
             weight = QuantizedWeight._wrap(cls, packed, dtype)
             weight.packed, weight.pairs = packed, pairs
             weight._nibbles = weight._scale = weight._offset = None  # read back from packed
-            weight.op_rows = chosen.max_rows
+            weight.op_rows = sys.maxsize  # every row count
         else:
             weight = QuantizedWeight._wrap(cls, nibbles, dtype)
             weight.packed = weight.pairs = empty
@@ -264,8 +265,8 @@ class Int4Weight(QuantizedWeight):
         return f"Int4Weight(shape={shape}, kernel={self.kernel.name})"
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        # A batch-1 decode step's 4-bit linears (120 a step for SmolLM2) call the op from here,
-        # what ByRows and Q4LinearOp would choose, without their two Python frames and checks.
+        # A decode step's 4-bit linears (120 a step for SmolLM2) call the op from here, what
+        # Q4LinearOp would do, without its Python frame and checks.
         if x.dim() == 2 and x.shape[0] <= self.op_rows and bias is None and x.is_contiguous():
             return torch.ops.layerserve.q4_linear(x, self.packed, self.pairs, self.out_features)
         out = self.kernel(x, self)
