@@ -1,5 +1,6 @@
 """CPU attention in place vs the torch path's gather (issue 18), and with bf16 KV the
-AVX512-BF16 passes vs issue 18's widening ones (issue 29), side by side in one run.
+AVX512-BF16 passes vs issue 18's widening ones (issue 29), side by side in one run; int8 KV
+(float32 compute, --kv-cache-dtype int8) reads a quarter of float32's bytes.
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.cpu_attention [--threads 1] [--repeats 5]
 
@@ -30,13 +31,18 @@ from benchmarks.machine import ceilings, load_average
 from services.worker.layers import cpu_attention_ext
 from services.worker.layers.attention import StepAttention
 from services.worker.layers.cpu_attention import CpuAttention, has_avx512_bf16
-from services.worker.layers.kv_cache import PagedKVCache
+from services.worker.layers.kv_cache import PagedKVCache, bytes_per_block
 from services.worker.layers.torch_attention import TorchAttention
 from services.worker.model.config import LlamaConfig
 
 BLOCK_SIZE = 16
 LAYERS = 30
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# name -> (compute dtype: q and the model, KV cache dtype)
+DTYPES = {
+    "fp32": (torch.float32, torch.float32),
+    "bf16": (torch.bfloat16, torch.bfloat16),
+    "int8": (torch.float32, torch.int8),
+}
 # name -> (new tokens, context) per sequence
 LAYER_CASES: dict[str, list[tuple[int, int]]] = {
     "decode 64 x 1k": [(1, 1024)] * 64,
@@ -108,12 +114,16 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str,
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def layer_row(name: str, seqs: list[tuple[int, int]], dtype: torch.dtype, repeats: int) -> str:
+def layer_row(name: str, seqs: list[tuple[int, int]], dtypes: str, repeats: int) -> str:
+    dtype, kv_dtype = DTYPES[dtypes]
     query_lens, contexts = [q for q, _ in seqs], [c for _, c in seqs]
     config = smollm2_shapes(max(contexts))
-    cache = PagedKVCache(config, blocks_needed(contexts), BLOCK_SIZE, dtype, torch.device("cpu"))
+    cache = PagedKVCache(config, blocks_needed(contexts), BLOCK_SIZE, kv_dtype, torch.device("cpu"))
     for layer_cache in cache.layer(0):
-        layer_cache.normal_()
+        if layer_cache.dtype == torch.int8:
+            layer_cache.random_(-127, 128)
+        else:
+            layer_cache.normal_()
     tables = shuffled_tables(contexts, cache.num_blocks)
     q = torch.randn(sum(query_lens), config.num_heads, config.head_dim).to(dtype)
     cpu = torch.device("cpu")
@@ -125,13 +135,14 @@ def layer_row(name: str, seqs: list[tuple[int, int]], dtype: torch.dtype, repeat
 
         return step
 
-    t = interleaved({k: run(b) for k, b in _backends(dtype, lambda b: b).items()}, repeats)
-    # K and V of every key each query span reads, once (prefill: the sequence's whole context).
-    kv_bytes = 2 * sum(contexts) * config.kv_size * cache.layer(0)[0].element_size()
+    t = interleaved({k: run(b) for k, b in _backends(kv_dtype, lambda b: b).items()}, repeats)
+    # K and V of every key each query span reads, once (prefill: the sequence's whole context),
+    # an int8 cache's scales included.
+    kv_bytes = sum(contexts) * bytes_per_block(config, 1, kv_dtype)
     before, after = 1e3 * t["torch"], 1e3 * t["in place"]
     widened = f"{1e3 * t['widened']:.2f}" if "widened" in t else "-"
     return (
-        f"| {name} | {_dtype_name(dtype)} | {before:.2f} | {widened} | {after:.2f} "
+        f"| {name} | {dtypes} | {before:.2f} | {widened} | {after:.2f} "
         f"| {before / after:.1f}x | {LAYERS * before:.0f} | {LAYERS * after:.0f} "
         f"| {kv_bytes / t['in place'] / 1e9:.1f} |"
     )
@@ -146,14 +157,14 @@ def _backends(dtype: torch.dtype, wrap: Callable) -> dict:
     return backends
 
 
-def step_row(name: str, batch: int, context: int, loaded, repeats: int) -> str:
-    dtype = loaded.model.embed_tokens.dtype
+def step_row(name: str, batch: int, context: int, loaded, dtypes: str, repeats: int) -> str:
+    kv_dtype = DTYPES[dtypes][1]
     model, cpu = loaded.model, torch.device("cpu")
     contexts = [context] * batch
-    cache = PagedKVCache(loaded.config, blocks_needed(contexts), BLOCK_SIZE, dtype, cpu)
+    cache = PagedKVCache(loaded.config, blocks_needed(contexts), BLOCK_SIZE, kv_dtype, cpu)
     tables = shuffled_tables(contexts, cache.num_blocks)
     ids = torch.randint(0, loaded.config.vocab_size, (batch,))
-    backends = _backends(dtype, TimedBackend)
+    backends = _backends(kv_dtype, TimedBackend)
 
     def run(backend: TimedBackend) -> Callable[[], object]:
         def step() -> object:
@@ -173,20 +184,16 @@ def step_row(name: str, batch: int, context: int, loaded, repeats: int) -> str:
     att = {k: b.seconds / (repeats + 1) for k, b in backends.items()}  # +1: interleaved's warm-up
     cells = {k: f"{1e3 * t[k]:.0f} | {1e3 * att[k]:.0f} ({att[k] / t[k]:.0%})" for k in t}
     return (
-        f"| {name} | {_dtype_name(dtype)} | {cells['torch']} | {cells.get('widened', '- | -')} "
+        f"| {name} | {dtypes} | {cells['torch']} | {cells.get('widened', '- | -')} "
         f"| {cells['in place']} | {t['torch'] / t['in place']:.2f}x |"
     )
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return next(k for k, v in DTYPES.items() if v == dtype)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--dtypes", default="fp32,bf16,int8", help="of " + ",".join(DTYPES))
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     parser.add_argument("--skip-steps", action="store_true", help="per-layer table only")
     args = parser.parse_args()
@@ -197,7 +204,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.clock == "wall" or args.threads > 1:
         CLOCK[0] = time.perf_counter
-    dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
+    dtypes = args.dtypes.split(",")
+    if unknown := set(dtypes) - set(DTYPES):
+        raise SystemExit(f"--dtypes takes {', '.join(DTYPES)}, not {', '.join(unknown)}")
     ceiling = ceilings()
     clock = "thread CPU time" if CLOCK[0] is time.thread_time else "wall time"
     print(f"{args.threads} thread(s), {clock}, load average at start {load_average()}, torch "
@@ -207,9 +216,9 @@ def main() -> None:
     print("| case | dtype | torch | widened | in place | speed-up | torch x30 | in place x30 "
           "| GB/s |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for dtype in dtypes:
+    for dtypes_name in dtypes:
         for name, seqs in LAYER_CASES.items():
-            print(layer_row(name, seqs, dtype, args.repeats), flush=True)
+            print(layer_row(name, seqs, dtypes_name, args.repeats), flush=True)
     if args.skip_steps:
         return
     print("\nSmolLM2 decode step (forward + logits, ms), attention inside it:\n")
@@ -218,10 +227,14 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     from services.worker.model.loader import default_path, load_model
 
-    for dtype in dtypes:
-        loaded = load_model(default_path(), dtype=dtype, device=torch.device("cpu"))
+    models = {}  # compute dtype -> the model loaded in it (fp32 and int8 share one)
+    for dtypes_name in dtypes:
+        dtype = DTYPES[dtypes_name][0]
+        if dtype not in models:
+            models[dtype] = load_model(default_path(), dtype=dtype, device=torch.device("cpu"))
         for name, (batch, context) in STEP_CASES.items():
-            print(step_row(name, batch, context, loaded, args.repeats), flush=True)
+            row = step_row(name, batch, context, models[dtype], dtypes_name, args.repeats)
+            print(row, flush=True)
     print(f"\nload average at the end {load_average()}")
 
 

@@ -17,7 +17,8 @@ speculation off):
 With --llama-cpp (the llama-cpp extra installed): llama.cpp's first-token candidates and greedy
 answer to the README's question on the same file, for reference. --model measures another GGUF
 (Gemma 3 270M: docs/benchmarks.md, "Issue 29: K-quants and Q5_0 kept"); a setting
-float32:gguf/Q4_K keeps only the weights the file stores as that type."""
+float32:gguf/Q4_K keeps only the weights the file stores as that type, and a third field sets
+the KV cache's dtype as the worker's --kv-cache-dtype does (float32:gguf:int8)."""
 
 from __future__ import annotations
 
@@ -29,12 +30,15 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import load_average
-from benchmarks.offline import OfflineEngine, make_engine, to_plan
+from benchmarks.offline import BLOCK_SIZE, MODEL, OfflineEngine, make_engine, to_plan
 from services.common.sampling import SamplingOptions
 from services.scheduler.request import Request
 from services.scheduler.scheduler import SchedulerLimits
 from services.tokenizer.gguf_tokenizer import load_gguf_text_model
+from services.worker.engine.model_runner import KV_CACHE_DTYPES, ModelRunner
+from services.worker.layers.attention_backends import choose_attention_backend
 from services.worker.layers.gguf_quant import TYPE_NAMES
+from services.worker.layers.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.model.gguf_weights import keep_gguf_quantized
 from services.worker.model.loader import default_path, load_model
 from services.worker.model.quant import quantize_loaded
@@ -55,16 +59,26 @@ GREEDY_TOKENS = 32
 
 def build(setting: str, path: Path) -> OfflineEngine:
     """setting: dtype:quantization, or dtype:gguf/TYPE to keep only the weights the GGUF
-    stores as TYPE (e.g. float32:gguf/Q4_K: what that one format costs in agreement)."""
-    dtype, quantization = setting.split(":")
+    stores as TYPE (e.g. float32:gguf/Q4_K: what that one format costs in agreement); then
+    optionally :KV, the KV cache's dtype (auto, float32, bfloat16 or int8)."""
+    dtype, quantization, kv = (setting + ":auto").split(":")[:3]
     loaded = load_model(path, dtype=getattr(torch, dtype), device=torch.device("cpu"))
     method, _, only = quantization.partition("/")
     if method == "gguf" and only:
         type_ids = {name: type_id for type_id, name in TYPE_NAMES.items()}
         kept = keep_gguf_quantized(loaded, types={type_ids[only]})
         print(f"{setting}: {kept} weights kept")
+    else:
+        loaded = quantize_loaded(loaded, quantization)
+    if kv == "auto":
         return make_engine(loaded, 512, SchedulerLimits())
-    return make_engine(quantize_loaded(loaded, quantization), 512, SchedulerLimits())
+    cpu = torch.device("cpu")
+    groups = kv_cache_groups(loaded.config)
+    cache = PagedKVCache(loaded.config, 512, BLOCK_SIZE, KV_CACHE_DTYPES[kv], cpu, groups)
+    backend = choose_attention_backend("auto", cpu, loaded.config.head_dim)
+    limit = loaded.config.max_position_embeddings
+    runner = ModelRunner(loaded, cache, max_model_len=limit, model_name=MODEL, backend=backend)
+    return OfflineEngine(runner, SchedulerLimits())
 
 
 def first_token_candidates(engine: OfflineEngine, ids: list[int], text) -> str:
@@ -122,8 +136,8 @@ def main() -> None:
         "--settings",
         nargs="+",
         default=["float32:none", "float32:gguf", "bfloat16:gguf", "bfloat16:none"],
-        help="dtype:quantization pairs (quantization gguf/Q4_K: only that GGUF type kept); "
-        "the first is the reference",
+        help="dtype:quantization[:kv cache dtype] (quantization gguf/Q4_K: only that GGUF type "
+        "kept); the first is the reference",
     )
     p.add_argument("--llama-cpp", action="store_true", help="llama.cpp's answer too")
     p.add_argument(

@@ -92,6 +92,7 @@ def _create_runner(config: WorkerConfig, device: str) -> Runner:
             kernels=config.kernels,
             cuda_graph_max_batch=0 if config.enforce_eager else config.cuda_graph_max_batch,
             quantization=config.quantization,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
     except ValueError as e:  # a model, size or kernel choice that cannot work: one clear line
         raise SystemExit(f"worker: cannot start: {e}") from None
@@ -157,7 +158,8 @@ async def main() -> None:
         config.model_name + (" (null worker)" if config.null else ""),
         runner.device,
         runner.dtype
-        + ("" if config.quantization == "none" else f" with {config.quantization} weights"),
+        + ("" if config.quantization == "none" else f" with {config.quantization} weights")
+        + ("" if config.kv_cache_dtype == "auto" else f", {config.kv_cache_dtype} KV cache"),
         runner.kernels,
         time.perf_counter() - started,
         runner.num_blocks,

@@ -17,6 +17,8 @@ from services.worker.dtype_choice import DTYPE_CHOICES
 from services.worker.kernel_choice import KERNEL_CHOICES
 from services.worker.model.quant_choice import QUANTIZATION_CHOICES  # model/quant.py does it
 
+KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "bfloat16", "int8")  # --kv-cache-dtype
+
 # An engine step that has not returned after this long counts as hung: the worker reports
 # NOT_SERVING until a step returns. Generous: a long prefill on a CPU takes seconds.
 DEFAULT_STEP_TIMEOUT_S = 120.0
@@ -59,6 +61,15 @@ class WorkerConfig:
         check=positive,
         help="KV cache size in GiB when --num-blocks is not given (default: 1 on the CPU; "
         "on CUDA 80%% of the memory left free once the weights are loaded)",
+    )
+    kv_cache_dtype: str = setting(  # the KV cache's values: model_runner.KV_CACHE_DTYPES
+        "--kv-cache-dtype",
+        env="KV_CACHE_DTYPE",
+        default="auto",
+        choices=KV_CACHE_DTYPE_CHOICES,
+        help="the KV cache's dtype (auto: --dtype's); int8: one float32 scale per token and KV "
+        "head, computed as each token is written, a quarter of float32's bytes for attention "
+        "to read (the CPU's torch kernels only)",
     )
     max_model_len: int | None = setting("--max-model-len", env="MAX_MODEL_LEN")
     threads: int = setting(
@@ -164,6 +175,11 @@ class WorkerConfig:
         self._check_quantization()
         if self.tensor_parallel_size > 1 and self.null:
             raise ValueError("--tensor-parallel-size needs a model: not with --null")
+        if self.kv_cache_dtype != "auto" and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "--kv-cache-dtype applies to one process's cache: not with "
+                "--tensor-parallel-size > 1"
+            )
         self._check_registration()
 
     @property

@@ -31,6 +31,8 @@ from services.worker.model.quant import quantize_loaded
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# --kv-cache-dtype: auto stores K and V in the compute dtype; int8 quantizes them (kv_cache.py).
+KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}
 # Without an explicit size, a CPU cache gets 1 GiB (about 23k tokens of SmolLM2-135M) and a
 # GPU cache this share of the memory still free once the weights are loaded.
 DEFAULT_CPU_KV_BYTES = 1 << 30
@@ -62,7 +64,14 @@ class ModelRunner:
 
         cuda_graph_max_batch > 0 runs decode-only steps of up to that many sequences through
         DecodeGraphs (decode_graphs.py) when the Triton kernels run; capture_decode_graphs()
-        captures them. 0 runs every step eagerly."""
+        captures them. 0 runs every step eagerly.
+
+        ValueError if the backend cannot read this cache (an int8 one on the Triton kernels)."""
+        if kv_cache.quantized and not backend.supports_int8_kv:
+            raise ValueError(
+                f"--kv-cache-dtype int8 runs on the torch kernels only, not {backend.name}: "
+                "use --kernels torch, or another --kv-cache-dtype"
+            )
         self._loaded = loaded
         self._model = loaded.model
         self._cache = kv_cache
@@ -108,14 +117,19 @@ class ModelRunner:
         kernels: str = "auto",
         cuda_graph_max_batch: int | None = None,
         quantization: str = "none",
+        kv_cache_dtype: str = "auto",
     ) -> ModelRunner:
         """Loads the model (the bundled SmolLM2 GGUF by default) and allocates the KV cache.
 
         num_blocks wins over kv_cache_bytes; with neither, see DEFAULT_*_KV_* above.
         cuda_graph_max_batch: None = DEFAULT_CUDA_GRAPH_MAX_BATCH on CUDA; 0 = eager only.
-        quantization: "none" or "int8" (weight-only, model/quant.py), applied after loading."""
+        quantization: "none" or "int8" (weight-only, model/quant.py), applied after loading.
+        kv_cache_dtype: "auto" (dtype), or one of KV_CACHE_DTYPES."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if kv_cache_dtype != "auto" and kv_cache_dtype not in KV_CACHE_DTYPES:
+            choices = ", ".join(["auto", *KV_CACHE_DTYPES])
+            raise ValueError(f"kv_cache_dtype must be one of {choices}, got {kv_cache_dtype!r}")
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         # Here, not at the top: the loaders import gguf and safetensors, which running a model
@@ -125,6 +139,7 @@ class ModelRunner:
         torch_device = torch.device(device)
         check_kernel_device(kernels, torch_device)  # before seconds of loading, not after
         torch_dtype = DTYPES[dtype]
+        kv_dtype = torch_dtype if kv_cache_dtype == "auto" else KV_CACHE_DTYPES[kv_cache_dtype]
         loaded = load_model(path or default_path(), dtype=torch_dtype, device=torch_device)
         loaded = quantize_loaded(loaded, quantization)
         limit = loaded.config.max_position_embeddings
@@ -135,12 +150,8 @@ class ModelRunner:
             budget = (
                 kv_cache_bytes if kv_cache_bytes is not None else default_kv_bytes(torch_device)
             )
-            num_blocks = num_blocks_for_bytes(
-                loaded.config, block_size, torch_dtype, budget, groups
-            )
-        cache = PagedKVCache(
-            loaded.config, num_blocks, block_size, torch_dtype, torch_device, groups
-        )
+            num_blocks = num_blocks_for_bytes(loaded.config, block_size, kv_dtype, budget, groups)
+        cache = PagedKVCache(loaded.config, num_blocks, block_size, kv_dtype, torch_device, groups)
         name = model_name or (DEFAULT_MODEL_NAME if path is None else Path(path).stem.lower())
         if cuda_graph_max_batch is None:
             cuda_graph_max_batch = (

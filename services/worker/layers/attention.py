@@ -24,6 +24,7 @@ class AttentionBackend(Protocol):
     name: str  # "torch" or "triton": WorkerInfo.kernels
     supports_sliding_window: bool  # paged_attention takes a window
     supports_decode_graphs: bool  # its decode steps can be captured as CUDA graphs
+    supports_int8_kv: bool  # writes and reads an int8 PagedKVCache (with its scales)
 
     def metadata(
         self,
@@ -55,7 +56,8 @@ class AttentionBackend(Protocol):
         window: int | None = None,
     ) -> torch.Tensor:
         """q [T, H, D] over K/V [num_blocks, block_size, Hkv, D], the new K/V already written
-        -> [T, H, D]. window: the query at p sees keys in (p - window, p] only."""
+        -> [T, H, D]. layer_cache: PagedKVCache.layer() (an int8 cache's scales follow K and
+        V). window: the query at p sees keys in (p - window, p] only."""
         ...
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -105,6 +107,23 @@ class AttentionBackend(Protocol):
 
 
 TORCH: AttentionBackend = TorchAttention()  # the reference: models' default, tests' baseline
+
+
+def rope_then_write_kv(
+    backend: AttentionBackend,
+    cache: PagedKVCache,
+    layer: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rotary: tuple[torch.Tensor, torch.Tensor],
+    attn: AttentionMetadata,
+) -> torch.Tensor:
+    """AttentionBackend.rope_write_kv as its two steps, backend.apply_rope then backend.write_kv:
+    what a backend without a fused op does. Returns q rotated."""
+    q, k = backend.apply_rope(q, k, attn.positions, rotary)
+    backend.write_kv(cache, layer, k, v, attn)
+    return q
 
 
 @dataclass(frozen=True, slots=True)

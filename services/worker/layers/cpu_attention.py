@@ -10,7 +10,11 @@ norm in the same call, bit for bit), and so does a layer's KV cache write (csrc/
 k and v copied to their slots in one call, not two index_copy_; a Llama layer's RoPE and KV
 write are one call, rope_write_kv_). All of it is the torch path's
 on any other device (--kernels torch on CUDA): the torch path stays the
-reference this one is tested against (tests/unit/worker/test_cpu_attention.py)."""
+reference this one is tested against (tests/unit/worker/test_cpu_attention.py).
+
+An int8 KV cache (kv_cache.py) is quantized by the write ops as they store each token and read
+by paged_attention with its scales, each row widened to float32 times its scale: a quarter of
+float32's bytes to read (tests/unit/worker/test_int8_kv.py)."""
 
 from __future__ import annotations
 
@@ -56,11 +60,13 @@ class CpuAttention(TorchAttention):
         attn: AttentionMetadata,
     ) -> None:
         """PagedKVCache.write's bits in one call of the extension (csrc/kv_write.cpp) when k
-        and v are already in the cache's dtype; the torch path otherwise."""
-        k_flat, v_flat = cache.flat_layer(layer)
-        if k.device.type != "cpu" or k.dtype != k_flat.dtype or v.dtype != v_flat.dtype:
+        and v are already in the cache's dtype (or it is int8: quantized in the op); the torch
+        path otherwise."""
+        flat = cache.flat_layer(layer)
+        if k.device.type != "cpu" or not _writes_directly(cache, k, v):
             return super().write_kv(cache, layer, k, v, attn)
-        torch.ops.layerserve.write_kv_(k_flat, v_flat, k, v, attn.slot_mapping)
+        k_flat, v_flat, *scales = flat
+        torch.ops.layerserve.write_kv_(k_flat, v_flat, k, v, attn.slot_mapping, *scales)
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """torch_ops.silu_mul's ATen calls from C++ (csrc/small_ops.cpp): one dispatch, not 3."""
@@ -109,11 +115,11 @@ class CpuAttention(TorchAttention):
         """apply_rope and write_kv above as one op (csrc/rope.cpp: rope_write_kv_), the same
         bits: one dispatch a layer, not two; the two calls where either would not take it. A
         slot out of range is refused after q and k are rotated, before the cache is written."""
-        k_flat, v_flat = cache.flat_layer(layer)
-        if q.device.type != "cpu" or k.dtype != k_flat.dtype or v.dtype != v_flat.dtype:
+        if q.device.type != "cpu" or not _writes_directly(cache, k, v):
             return super().rope_write_kv(cache, layer, q, k, v, rotary, attn)
+        k_flat, v_flat, *scales = cache.flat_layer(layer)
         op = torch.ops.layerserve.rope_write_kv_
-        op(q, k, v, *rotary, k_flat, v_flat, attn.slot_mapping)
+        op(q, k, v, *rotary, k_flat, v_flat, attn.slot_mapping, *scales)
         return q
 
     def paged_attention(
@@ -123,14 +129,21 @@ class CpuAttention(TorchAttention):
         attn: AttentionMetadata,
         window: int | None = None,
     ) -> torch.Tensor:
-        """q [T, H, D] over K/V [num_blocks, block_size, Hkv, D] (new K/V written) -> [T, H, D]."""
+        """q [T, H, D] over K/V [num_blocks, block_size, Hkv, D] (new K/V written; an int8
+        cache's scales after them) -> [T, H, D]."""
         if attn.context_lens_device is None:  # laid out for another device: the torch path
             return super().paged_attention(q, layer_cache, attn, window)
-        k_cache, v_cache = layer_cache
+        k_cache, v_cache, *scales = layer_cache
         return native_paged_attention(
             q, k_cache, v_cache, attn.query_start, attn.context_lens_device, attn.block_tables,
-            window, self.avx512_bf16,
+            window, self.avx512_bf16, *scales,
         )  # fmt: skip
+
+
+def _writes_directly(cache: PagedKVCache, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the extension's write ops take k and v as they are: in the cache's dtype, or
+    into an int8 cache (they quantize)."""
+    return cache.quantized or k.dtype == v.dtype == cache.dtype
 
 
 def native_paged_attention(
@@ -142,6 +155,8 @@ def native_paged_attention(
     block_tables: torch.Tensor,
     window: int | None = None,
     avx512_bf16: bool = True,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The extension's op (loaded by cpu_attention_ext.load()) with SDPA's 1/sqrt(D) scale.
 
@@ -149,11 +164,13 @@ def native_paged_attention(
     [S], block_tables [S, max_blocks] int64 -> [T, H, D] in q's dtype, computed in float32.
     bf16 caches are read as they are, scores by AVX512-BF16 dot products, where the build has
     them (has_avx512_bf16) unless avx512_bf16 is False (K/V rows widened to float32 copies
-    first, as in issue 18): the same exact products, the score sums in another order."""
+    first, as in issue 18): the same exact products, the score sums in another order. int8
+    caches come with their scales [num_blocks, block_size, Hkv] and take q as it is."""
     dtype = q.dtype  # a no-op .to() still costs a dispatch per layer: skipped when equal
+    same = dtype == k_cache.dtype or k_scale is not None
     out = torch.ops.layerserve.paged_attention(
-        q if dtype == k_cache.dtype else q.to(k_cache.dtype), k_cache, v_cache, query_start,
-        context_lens, block_tables, window or 0, 1.0 / math.sqrt(q.shape[-1]), avx512_bf16,
+        q if same else q.to(k_cache.dtype), k_cache, v_cache, query_start, context_lens,
+        block_tables, window or 0, 1.0 / math.sqrt(q.shape[-1]), avx512_bf16, k_scale, v_scale,
     )  # fmt: skip
     return out if out.dtype == dtype else out.to(dtype)
 

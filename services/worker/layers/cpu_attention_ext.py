@@ -1,8 +1,8 @@
-"""The C++ CPU attention extension (csrc/: cpu_attention.cpp with avx512_bf16.h, rope.cpp,
-small_ops.cpp, q8_0_matmul.cpp, q4_matmul.cpp, kv_write.cpp): built once by `make install`
-(python -m services.worker.layers.cpu_attention_ext) with torch's extension tooling, loaded by
-the worker at start-up as torch.ops.layerserve.paged_attention, rope_, silu_mul, q8_0_linear,
-q4_linear and write_kv_.
+"""The C++ CPU attention extension (csrc/: cpu_attention.cpp with avx512_bf16.h and
+avx512_int8.h, rope.cpp, small_ops.cpp, q8_0_matmul.cpp, q4_matmul.cpp, kv_write.cpp): built
+once by `make install` (python -m services.worker.layers.cpu_attention_ext) with torch's
+extension tooling, loaded by the worker at start-up as torch.ops.layerserve.paged_attention,
+rope_, silu_mul, q8_0_linear, q4_linear and write_kv_.
 
 It is compiled for the machine that builds it (-march=native), so the build directory is keyed
 by the source, the flags, torch's version and this CPU's instruction sets: a changed source or a
@@ -36,7 +36,10 @@ SOURCES = (
     SOURCE.with_name("q4_matmul.cpp"),
     SOURCE.with_name("kv_write.cpp"),
 )
-HEADERS = (SOURCE.with_name("avx512_bf16.h"),)  # not compiled alone, but part of the build's key
+HEADERS = (
+    SOURCE.with_name("avx512_bf16.h"),
+    SOURCE.with_name("avx512_int8.h"),
+)  # not compiled alone, but part of the build's key
 BUILD_ROOT = Path(__file__).resolve().parents[3] / "build" / "cpu_attention"  # .gitignore'd
 # -fno-math-errno lets std::floor and friends vectorise; no -ffast-math: the kernel's
 # reductions are written to vectorise without reassociation, and it must keep IEEE semantics.

@@ -17,7 +17,7 @@ from services.worker.layers.attention_metadata import (
     PrefillChunk,
     lay_out,
 )
-from services.worker.layers.kv_cache import PagedKVCache, gather_blocks
+from services.worker.layers.kv_cache import PagedKVCache, gather_layer
 
 
 class TorchAttention:
@@ -26,6 +26,7 @@ class TorchAttention:
     name = "torch"
     supports_sliding_window = True
     supports_decode_graphs = False  # its metadata is rebuilt on the host every step
+    supports_int8_kv = True  # PagedKVCache.write quantizes; paged_attention dequantizes
 
     def metadata(
         self,
@@ -100,9 +101,10 @@ class TorchAttention:
         rotary: tuple[torch.Tensor, torch.Tensor],
         attn: AttentionMetadata,
     ) -> torch.Tensor:
-        q, k = self.apply_rope(q, k, attn.positions, rotary)
-        self.write_kv(cache, layer, k, v, attn)
-        return q
+        # Imported here: attention.py imports this module (its TORCH is a TorchAttention).
+        from services.worker.layers.attention import rope_then_write_kv
+
+        return rope_then_write_kv(self, cache, layer, q, k, v, rotary, attn)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -187,22 +189,22 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention of new queries over cached keys/values (the new K/V must already be written).
 
-    q: [T, H, D]; layer_cache: K and V [num_blocks, block_size, Hkv, D]. Returns [T, H, D].
+    q: [T, H, D]; layer_cache: K and V [num_blocks, block_size, Hkv, D] (an int8 cache's scales
+    after them: PagedKVCache.layer(); what is gathered is dequantized). Returns [T, H, D].
     window: a sliding-window layer's width: the query at position p sees keys in
     (p - window, p] only, as Hugging Face and llama.cpp define it. None: every earlier key."""
-    k_cache, v_cache = layer_cache
     out = torch.empty_like(q)
     if attn.decode is not None:
         group = attn.decode
         if window is not None:
             group = _windowed_decode(group, attn.positions[group.token_index], window, attn)
-        out[group.token_index] = _decode_attention(q[group.token_index], k_cache, v_cache, group)
+        out[group.token_index] = _decode_attention(q[group.token_index], layer_cache, group)
     for chunk in attn.prefills:
         if window is not None:
             query_pos = attn.positions[chunk.start : chunk.end].view(-1, 1)
             chunk = replace(chunk, mask=_in_window(chunk.mask, query_pos, window))
         out[chunk.start : chunk.end] = _prefill_attention(
-            q[chunk.start : chunk.end], k_cache, v_cache, chunk
+            q[chunk.start : chunk.end], layer_cache, chunk
         )
     return out
 
@@ -237,13 +239,12 @@ def _in_window(mask: torch.Tensor, query_pos: torch.Tensor, window: int) -> torc
 
 
 def _decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup
+    q: torch.Tensor, layer_cache: tuple[torch.Tensor, ...], group: DecodeGroup
 ) -> torch.Tensor:
     """q: [B, H, D] -> [B, H, D], one query per sequence."""
     batch, num_heads, dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    keys = gather_blocks(k_cache, group.block_tables)  # [B, Hkv, L, D]
-    values = gather_blocks(v_cache, group.block_tables)
+    num_kv_heads = layer_cache[0].shape[2]
+    keys, values = gather_layer(layer_cache, group.block_tables, q.dtype)  # [B, Hkv, L, D]
     # GQA without copying K/V: the G query heads sharing a KV head become G query rows.
     q_grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, dim)  # [B, Hkv, G, D]
     out = F.scaled_dot_product_attention(q_grouped, keys, values, attn_mask=group.key_mask)
@@ -251,14 +252,14 @@ def _decode_attention(
 
 
 def _prefill_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: PrefillChunk
+    q: torch.Tensor, layer_cache: tuple[torch.Tensor, ...], chunk: PrefillChunk
 ) -> torch.Tensor:
     """q: [Q, H, D] -> [Q, H, D] for one sequence's chunk of new tokens."""
     q_len, num_heads, dim = q.shape
-    num_kv_heads = k_cache.shape[2]
+    num_kv_heads = layer_cache[0].shape[2]
     group_size = num_heads // num_kv_heads
-    keys = gather_blocks(k_cache, chunk.block_table)[0]  # [Hkv, L, D]
-    values = gather_blocks(v_cache, chunk.block_table)[0]
+    keys, values = gather_layer(layer_cache, chunk.block_table, q.dtype)
+    keys, values = keys[0], values[0]  # [Hkv, L, D]
     # [Q, Hkv, G, D] -> [Hkv, G * Q, D]: query heads of one KV head stacked as rows (GQA).
     q_rows = q.view(q_len, num_kv_heads, group_size, dim).permute(1, 2, 0, 3)
     q_rows = q_rows.reshape(num_kv_heads, group_size * q_len, dim)

@@ -16,6 +16,7 @@ from services.worker.kernels.prefill_attention import prefill_attention
 from services.worker.kernels.rms_norm import add_rms_norm, rms_norm
 from services.worker.kernels.rope import apply_rope
 from services.worker.kernels.silu_mul import silu_mul
+from services.worker.layers.attention import rope_then_write_kv
 from services.worker.layers.attention_metadata import AttentionMetadata, lay_out
 from services.worker.layers.kv_cache import PagedKVCache
 
@@ -27,6 +28,7 @@ class TritonAttention:
     name = "triton"
     supports_sliding_window = False
     supports_decode_graphs = True  # the kernels read only device tensors a graph can freeze
+    supports_int8_kv = False  # the kernels read K/V in the compute dtype, no scales
 
     def metadata(
         self,
@@ -112,6 +114,4 @@ class TritonAttention:
         rotary: tuple[torch.Tensor, torch.Tensor],
         attn: AttentionMetadata,
     ) -> torch.Tensor:
-        q, k = self.apply_rope(q, k, attn.positions, rotary)
-        self.write_kv(cache, layer, k, v, attn)
-        return q
+        return rope_then_write_kv(self, cache, layer, q, k, v, rotary, attn)

@@ -14,7 +14,8 @@
 //   2. per row: max, exp, sum;
 //   3. out_r = sum_t p[r, t] v_t / sum_r.
 // K and V rows in float32 or half types are widened to float32 one block at a time; all
-// arithmetic is float32. Where the compiler targets AVX512-BF16, a bf16 cache is read as it is
+// arithmetic is float32. An int8 cache (kv_cache.py: one float32 scale per token and KV head)
+// is widened the same way, each row times its scale, with q and out in the model's dtype. Where the compiler targets AVX512-BF16, a bf16 cache is read as it is
 // (avx512_bf16.h): VDPBF16PS multiplies its keys by bf16 q, 16 keys at a time, and value rows
 // are widened in registers; the widened copies remain for other dtypes, and for bf16 when asked
 // (avx512_bf16=false, the benchmark's "widened").
@@ -34,10 +35,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512BF16__)
 #include "avx512_bf16.h"
+#include "avx512_int8.h"
 #define HAS_AVX512_BF16 1
 #else
 #define HAS_AVX512_BF16 0
@@ -218,18 +222,25 @@ inline float softmax_numerators(float* row, int64_t count) {
 }
 
 // Rows [first, first + count) of one KV head as float32 rows `dim` apart: the cache itself
-// when it is float32 (row stride = the cache's token stride), else widened into `scratch`.
-template <typename T>
-inline const float* rows_as_float(const T* src, int64_t stride, int64_t count, int64_t dim,
+// when it is float32 (row stride = the cache's token stride), else widened into `scratch`
+// (int8 rows times their scales, `scale_stride` apart from `scale`).
+template <typename C>
+inline const float* rows_as_float(const C* src, int64_t stride, const float* scale,
+                                  int64_t scale_stride, int64_t count, int64_t dim,
                                   float* scratch, int64_t* out_stride) {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<C, float>) {
     *out_stride = stride;
     return src;
   } else {
     for (int64_t t = 0; t < count; ++t) {
-      const T* row = src + t * stride;
+      const C* row = src + t * stride;
       float* dst = scratch + t * dim;
-      for (int64_t d = 0; d < dim; ++d) dst[d] = widen(row[d]);
+      if constexpr (std::is_same_v<C, int8_t>) {
+        const float s = scale[t * scale_stride];
+        for (int64_t d = 0; d < dim; ++d) dst[d] = s * static_cast<float>(row[d]);
+      } else {
+        for (int64_t d = 0; d < dim; ++d) dst[d] = widen(row[d]);
+      }
     }
     *out_stride = dim;
     return scratch;
@@ -290,14 +301,17 @@ std::vector<Item> make_items(const Layout& layout, int64_t kv_heads, int64_t thr
   return items;
 }
 
-template <typename T>
+// T: q's and out's dtype; C: the caches' (T, or int8 with scales).
+template <typename T, typename C = T>
 struct Problem {
   Layout layout;
   const T* q;
   int64_t q_token_stride, q_head_stride;
-  const T* k_cache;
-  const T* v_cache;
+  const C* k_cache;
+  const C* v_cache;
   int64_t block_stride, token_stride, head_stride;  // the caches' (K and V share them)
+  const float* k_scale;  // int8 caches: [num_blocks, block_size, Hkv] contiguous; else null
+  const float* v_scale;
   T* out;  // [T, H, D] contiguous
   int64_t num_heads, group, dim;
   float scale;
@@ -316,10 +330,10 @@ struct Scratch {
 };
 
 // The cache lines of tokens [t0, t1] of block `block`, KV heads [h0, h1), into the caches.
-template <typename T>
-inline void prefetch_rows(const Problem<T>& p, const T* cache, int64_t block, int64_t t0,
+template <typename T, typename C>
+inline void prefetch_rows(const Problem<T, C>& p, const C* cache, int64_t block, int64_t t0,
                           int64_t t1, int64_t h0, int64_t h1) {
-  const int64_t bytes = ((h1 - h0 - 1) * p.head_stride + p.dim) * sizeof(T);
+  const int64_t bytes = ((h1 - h0 - 1) * p.head_stride + p.dim) * sizeof(C);
   for (int64_t t = t0; t <= t1; ++t) {
     const char* row = reinterpret_cast<const char*>(
         cache + block * p.block_stride + t * p.token_stride + h0 * p.head_stride);
@@ -330,11 +344,13 @@ inline void prefetch_rows(const Problem<T>& p, const T* cache, int64_t block, in
 // Calls fn(head, t0, t1, rows, stride) for each block of keys [lo, hi] of `item` and each of
 // its KV heads: rows[(t - t0) * stride + d] is that head's K (or V) of key t, as float32.
 // The next block is prefetched while this one is used: blocks are scattered, so the hardware
-// prefetcher, which stops at page boundaries, cannot see them coming.
-template <typename T, typename Fn>
-void for_each_block(const Problem<T>& p, const Item& item, const T* cache, int64_t lo,
-                    int64_t hi, Scratch& scratch, Fn&& fn) {
+// prefetcher, which stops at page boundaries, cannot see them coming. scales: an int8 cache's
+// (p.k_scale or p.v_scale), else null.
+template <typename T, typename C, typename Fn>
+void for_each_block(const Problem<T, C>& p, const Item& item, const C* cache,
+                    const float* scales, int64_t lo, int64_t hi, Scratch& scratch, Fn&& fn) {
   const int64_t bs = p.layout.block_size;
+  const int64_t kv_heads = p.token_stride / p.dim;  // scales are [blocks, bs, Hkv] contiguous
   const int64_t* table = p.layout.block_tables + item.seq * p.layout.table_stride;
   for (int64_t j = lo / bs; j <= hi / bs; ++j) {
     const int64_t t0 = std::max(j * bs, lo), t1 = std::min((j + 1) * bs - 1, hi);
@@ -349,11 +365,13 @@ void for_each_block(const Problem<T>& p, const Item& item, const T* cache, int64
       if (ahead <= hi / bs) {  // spread over the heads, so demand loads are not queued behind
         prefetch_rows(p, cache, table[ahead], 0, std::min(bs - 1, hi - ahead * bs), h, h + 1);
       }
-      const T* src = cache + table[j] * p.block_stride + (t0 - j * bs) * p.token_stride +
+      const C* src = cache + table[j] * p.block_stride + (t0 - j * bs) * p.token_stride +
                      h * p.head_stride;
+      const float* scale =
+          scales == nullptr ? nullptr : scales + (table[j] * bs + t0 - j * bs) * kv_heads + h;
       int64_t stride;
-      const float* rows =
-          rows_as_float(src, p.token_stride, t1 - t0 + 1, p.dim, scratch.block.data(), &stride);
+      const float* rows = rows_as_float(src, p.token_stride, scale, kv_heads, t1 - t0 + 1, p.dim,
+                                        scratch.block.data(), &stride);
       fn(h, t0, t1, rows, stride);
     }
   }
@@ -380,13 +398,11 @@ struct Span {
   }
 };
 
-// Pass 1 on float32 rows (half types widened a block at a time): scores[r * span + t - lo] =
-// q_r . k_t * scale for every key t row r sees.
-template <typename T>
-void score_keys(const Problem<T>& p, const Item& item, const Span& s, Scratch& scratch) {
-  const int64_t dim = p.dim, span = s.size();
+// The item's query rows as float32 times the softmax scale, into scratch.q (row r at r * dim).
+template <typename T, typename C>
+void widen_queries(const Problem<T, C>& p, const Item& item, const Span& s, Scratch& scratch) {
+  const int64_t dim = p.dim;
   float* qf = scratch.q.data();
-  float* scores = scratch.scores.data();
   for (int64_t h = item.head_begin; h < item.head_end; ++h) {
     for (int64_t i = 0; i < item.num_tokens; ++i) {
       for (int64_t g = 0; g < s.group; ++g) {
@@ -397,7 +413,17 @@ void score_keys(const Problem<T>& p, const Item& item, const Span& s, Scratch& s
       }
     }
   }
-  for_each_block(p, item, p.k_cache, s.lo, s.hi, scratch,
+}
+
+// Pass 1 on float32 rows (half types and int8 widened a block at a time):
+// scores[r * span + t - lo] = q_r . k_t * scale for every key t row r sees.
+template <typename T, typename C>
+void score_keys(const Problem<T, C>& p, const Item& item, const Span& s, Scratch& scratch) {
+  const int64_t dim = p.dim, span = s.size();
+  const float* qf = scratch.q.data();
+  float* scores = scratch.scores.data();
+  widen_queries(p, item, s, scratch);
+  for_each_block(p, item, p.k_cache, p.k_scale, s.lo, s.hi, scratch,
                  [&](int64_t h, int64_t t0, int64_t t1, const float* keys, int64_t stride) {
     for (int64_t i = 0; i < item.num_tokens; ++i) {
       const int64_t a = std::max(t0, s.first(i)), b = std::min(t1, s.last(i));
@@ -502,11 +528,111 @@ void weigh_values_bf16(const Problem<c10::BFloat16>& p, const Item& item, const 
 }
 #endif
 
-// Pass 2 on float32 rows (half types widened a block at a time): acc_r += p_r . V.
+#if HAS_AVX512_BF16
+// Flat slots of keys [first, first + count) of the item's sequence, through its block table;
+// slots past `count` repeat the last key.
+inline void key_slots(const Layout& layout, const Item& item, int64_t first, int64_t count,
+                      int64_t slots[KEYS]) {
+  const int64_t bs = layout.block_size;
+  const int64_t* table = layout.block_tables + item.seq * layout.table_stride;
+  int64_t block = first / bs, offset = first % bs;
+  for (int j = 0; j < KEYS; ++j) {
+    slots[j] = table[block] * bs + offset;
+    if (j + 1 < count && ++offset == bs) {
+      offset = 0;
+      ++block;
+    }
+  }
+}
+
+// for_each_chunk on an int8 cache: fn(c, n, slots) for each chunk of keys [c, c + n) of
+// [s.lo, s.hi], n <= 16, with their flat slots (a row lies at slot * token_stride, its scales at
+// slot * Hkv). The chunk PREFETCH_AHEAD further is prefetched, rows and scales.
+template <typename T, typename Fn>
+void for_each_int8_chunk(const Problem<T, int8_t>& p, const Item& item, const int8_t* cache,
+                         const float* scales, const Span& s, Fn&& fn) {
+  const int64_t kv_heads = p.token_stride / p.dim;
+  const int64_t bytes = (item.head_end - item.head_begin - 1) * p.head_stride + p.dim;
+  int64_t slots[KEYS], ahead[KEYS];
+  for (int64_t c = s.lo; c <= s.hi; c += KEYS) {
+    const int64_t next = c + PREFETCH_AHEAD * KEYS;
+    if (next <= s.hi) {
+      key_slots(p.layout, item, next, std::min<int64_t>(KEYS, s.hi - next + 1), ahead);
+      for (int j = 0; j < KEYS; ++j) {
+        const int8_t* row = cache + ahead[j] * p.token_stride + item.head_begin * p.head_stride;
+        for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset);
+        __builtin_prefetch(scales + ahead[j] * kv_heads + item.head_begin);
+      }
+    }
+    const int64_t n = std::min<int64_t>(KEYS, s.hi - c + 1);
+    key_slots(p.layout, item, c, n, slots);
+    fn(c, n, slots);
+  }
+}
+
+// Pass 1 on an int8 cache, K rows widened in registers (avx512_int8.h): q_r . k_t * scale_t.
 template <typename T>
-void weigh_values(const Problem<T>& p, const Item& item, const Span& s, Scratch& scratch) {
+void score_keys_int8(const Problem<T, int8_t>& p, const Item& item, const Span& s,
+                     Scratch& scratch) {
+  widen_queries(p, item, s, scratch);
+  const int64_t kv_heads = p.token_stride / p.dim;
+  for_each_int8_chunk(p, item, p.k_cache, p.k_scale, s, [&](int64_t c, int64_t n,
+                                                            const int64_t* slots) {
+    const int8_t* keys[KEYS];
+    alignas(64) float scale[KEYS];
+    for (int64_t h = item.head_begin; h < item.head_end; ++h) {
+      for (int j = 0; j < KEYS; ++j) {
+        keys[j] = p.k_cache + slots[j] * p.token_stride + h * p.head_stride;
+        scale[j] = p.k_scale[slots[j] * kv_heads + h];
+      }
+      const __m512 scales = _mm512_load_ps(scale);
+      for (int64_t i = 0; i < item.num_tokens; ++i) {
+        const int64_t a = std::max(c, s.first(i)), b = std::min(c + n - 1, s.last(i));
+        if (a > b) continue;
+        const __mmask16 lanes = static_cast<__mmask16>(((1u << (b - a + 1)) - 1) << (a - c));
+        for (int64_t g = 0; g < s.group; ++g) {
+          const int64_t r = s.row(item, h, i, g);
+          const __m512 dots = avx512_int8::dot16(scratch.q.data() + r * p.dim, keys, p.dim);
+          float* dst = scratch.scores.data() + r * s.size() + (c - s.lo);
+          _mm512_mask_storeu_ps(dst, lanes, _mm512_mul_ps(dots, scales));
+        }
+      }
+    }
+  });
+}
+
+// Pass 2 on an int8 cache, V rows widened in registers, each key's scale folded into its p.
+template <typename T>
+void weigh_values_int8(const Problem<T, int8_t>& p, const Item& item, const Span& s,
+                       Scratch& scratch) {
+  const int64_t kv_heads = p.token_stride / p.dim;
+  for_each_int8_chunk(p, item, p.v_cache, p.v_scale, s, [&](int64_t c, int64_t n,
+                                                            const int64_t* slots) {
+    const int8_t* values[KEYS];
+    float scale[KEYS];
+    for (int64_t h = item.head_begin; h < item.head_end; ++h) {
+      for (int j = 0; j < KEYS; ++j) {
+        values[j] = p.v_cache + slots[j] * p.token_stride + h * p.head_stride;
+        scale[j] = p.v_scale[slots[j] * kv_heads + h];
+      }
+      for (int64_t i = 0; i < item.num_tokens; ++i) {
+        const int64_t a = std::max(c, s.first(i)), b = std::min(c + n - 1, s.last(i));
+        if (a > b) continue;
+        const int64_t r = s.row(item, h, i, 0);  // the group's rows follow
+        avx512_int8::weigh(scratch.scores.data() + r * s.size() + a - s.lo, s.size(),
+                           values + (a - c), scale + (a - c), b - a + 1,
+                           scratch.acc.data() + r * p.dim, p.dim, s.group);
+      }
+    }
+  });
+}
+#endif
+
+// Pass 2 on float32 rows (half types widened a block at a time): acc_r += p_r . V.
+template <typename T, typename C>
+void weigh_values(const Problem<T, C>& p, const Item& item, const Span& s, Scratch& scratch) {
   const int64_t span = s.size(), dim = p.dim;
-  for_each_block(p, item, p.v_cache, s.lo, s.hi, scratch,
+  for_each_block(p, item, p.v_cache, p.v_scale, s.lo, s.hi, scratch,
                  [&](int64_t h, int64_t t0, int64_t t1, const float* values, int64_t stride) {
     for (int64_t i = 0; i < item.num_tokens; ++i) {
       const int64_t a = std::max(t0, s.first(i)), b = std::min(t1, s.last(i));
@@ -519,10 +645,21 @@ void weigh_values(const Problem<T>& p, const Item& item, const Span& s, Scratch&
 }
 
 // Whether this item runs the AVX512-BF16 passes (bf16 cache, built in, asked for, dim fits).
-template <typename T>
-bool uses_avx512_bf16([[maybe_unused]] const Problem<T>& p) {
+template <typename T, typename C>
+bool uses_avx512_bf16([[maybe_unused]] const Problem<T, C>& p) {
 #if HAS_AVX512_BF16
-  return std::is_same_v<T, c10::BFloat16> && p.avx512_bf16 && p.dim % avx512_bf16::PER_LOAD == 0;
+  return std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, T> && p.avx512_bf16 &&
+         p.dim % avx512_bf16::PER_LOAD == 0;
+#else
+  return false;
+#endif
+}
+
+// Whether this item runs avx512_int8.h's passes (int8 cache, built in, dim fits).
+template <typename T, typename C>
+bool uses_int8_passes([[maybe_unused]] const Problem<T, C>& p) {
+#if HAS_AVX512_BF16
+  return std::is_same_v<C, int8_t> && p.dim % avx512_int8::ROW_DIMS == 0;
 #else
   return false;
 #endif
@@ -530,8 +667,8 @@ bool uses_avx512_bf16([[maybe_unused]] const Problem<T>& p) {
 
 // One work item: scores, softmax and the weighted values of its rows. Out rows are written by
 // this item only.
-template <typename T>
-void attend(const Problem<T>& p, const Item& item, Scratch& scratch) {
+template <typename T, typename C>
+void attend(const Problem<T, C>& p, const Item& item, Scratch& scratch) {
   const int64_t seq_end = p.layout.query_start[item.seq + 1];
   const int64_t ctx = p.layout.context_lens[item.seq];
   const int64_t base_pos = ctx - (seq_end - item.first_token);  // the first token's position
@@ -544,13 +681,16 @@ void attend(const Problem<T>& p, const Item& item, Scratch& scratch) {
   float* acc = scratch.acc.data();
   float* inv_sum = scratch.inv_sum.data();
   std::fill(acc, acc + rows * dim, 0.0f);
-  const bool bf16_passes = uses_avx512_bf16(p);
+  const bool bf16_passes = uses_avx512_bf16(p), int8_passes = uses_int8_passes(p);
 #if HAS_AVX512_BF16
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, T>) {
     if (bf16_passes) score_keys_bf16(p, item, s, scratch);
   }
+  if constexpr (std::is_same_v<C, int8_t>) {
+    if (int8_passes) score_keys_int8(p, item, s, scratch);
+  }
 #endif
-  if (!bf16_passes) score_keys(p, item, s, scratch);
+  if (!bf16_passes && !int8_passes) score_keys(p, item, s, scratch);
   // Softmax per row over its own keys; the numerators replace the scores.
   for (int64_t h = item.head_begin; h < item.head_end; ++h) {
     for (int64_t i = 0; i < ntok; ++i) {
@@ -562,11 +702,14 @@ void attend(const Problem<T>& p, const Item& item, Scratch& scratch) {
     }
   }
 #if HAS_AVX512_BF16
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, T>) {
     if (bf16_passes) weigh_values_bf16(p, item, s, scratch);
   }
+  if constexpr (std::is_same_v<C, int8_t>) {
+    if (int8_passes) weigh_values_int8(p, item, s, scratch);
+  }
 #endif
-  if (!bf16_passes) weigh_values(p, item, s, scratch);
+  if (!bf16_passes && !int8_passes) weigh_values(p, item, s, scratch);
   for (int64_t h = item.head_begin; h < item.head_end; ++h) {
     for (int64_t i = 0; i < ntok; ++i) {
       for (int64_t g = 0; g < group; ++g) {
@@ -579,17 +722,22 @@ void attend(const Problem<T>& p, const Item& item, Scratch& scratch) {
   }
 }
 
-// Every item on OpenMP threads; a thread keeps its scratch across items.
-template <typename T>
+// Every item on OpenMP threads; a thread keeps its scratch across items. Scales: an int8
+// cache's (C = int8_t), else undefined tensors.
+template <typename T, typename C = T>
 void attend_all(const Layout& layout, const at::Tensor& q, const at::Tensor& k_cache,
-                const at::Tensor& v_cache, at::Tensor& out, float scale, bool avx512_bf16) {
+                const at::Tensor& v_cache, const at::Tensor& k_scale, const at::Tensor& v_scale,
+                at::Tensor& out, float scale, bool avx512_bf16) {
   const int64_t threads = at::get_num_threads();
   const std::vector<Item> items =
       make_items(layout, k_cache.size(2), threads);
-  const Problem<T> p{layout, q.data_ptr<T>(), q.stride(0), q.stride(1),
-                     k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), k_cache.stride(0),
-                     k_cache.stride(1), k_cache.stride(2), out.data_ptr<T>(), q.size(1),
-                     q.size(1) / k_cache.size(2), q.size(2), scale, avx512_bf16};
+  const bool int8 = std::is_same_v<C, int8_t>;
+  const Problem<T, C> p{layout, q.data_ptr<T>(), q.stride(0), q.stride(1),
+                        k_cache.data_ptr<C>(), v_cache.data_ptr<C>(), k_cache.stride(0),
+                        k_cache.stride(1), k_cache.stride(2),
+                        int8 ? k_scale.data_ptr<float>() : nullptr,
+                        int8 ? v_scale.data_ptr<float>() : nullptr, out.data_ptr<T>(), q.size(1),
+                        q.size(1) / k_cache.size(2), q.size(2), scale, avx512_bf16};
   const int64_t count = static_cast<int64_t>(items.size());
 #pragma omp parallel num_threads(static_cast<int>(std::max<int64_t>(1, std::min(threads, count))))
   {
@@ -607,12 +755,15 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q [T, H, D], caches [N, bs, Hkv, D]");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides(),
               "K and V caches must have one shape and layout");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
-                  k_cache.scalar_type() == v_cache.scalar_type(),
-              "q and the caches must share a dtype");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "K and V caches share a dtype");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() || k_cache.scalar_type() == at::kChar,
+              "q and the caches must share a dtype (or the caches be int8)");
   TORCH_CHECK(q.size(2) == k_cache.size(3), "q and the caches must share head_dim");
   TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(q.stride(2) == 1 && k_cache.stride(3) == 1, "head_dim must be contiguous");
+  // The int8 passes find a token's scales from its row's offset: [blocks, bs, Hkv, D] dense.
+  TORCH_CHECK(k_cache.scalar_type() != at::kChar || k_cache.is_contiguous(),
+              "int8 caches must be contiguous");
   for (const at::Tensor* t : {&query_start, &context_lens, &block_tables}) {
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(),
                 "query_start, context_lens and block_tables must be contiguous int64");
@@ -622,29 +773,75 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
               "one context length and block table per sequence");
 }
 
+// An int8 cache's scales: [num_blocks, block_size, Hkv] float32 contiguous each; none else.
+void check_scales(const at::Tensor& k_cache, const std::optional<at::Tensor>& k_scale,
+                  const std::optional<at::Tensor>& v_scale) {
+  const bool int8 = k_cache.scalar_type() == at::kChar;
+  TORCH_CHECK(int8 == k_scale.has_value() && int8 == v_scale.has_value(),
+              "layerserve::paged_attention: scales go with int8 caches, and only with them");
+  if (!int8) return;
+  for (const at::Tensor& s : {*k_scale, *v_scale}) {
+    TORCH_CHECK(s.device().is_cpu() && s.scalar_type() == at::kFloat && s.is_contiguous() &&
+                    s.sizes() == k_cache.sizes().slice(0, 3),
+                "layerserve::paged_attention: scales [num_blocks, block_size, Hkv] float32");
+  }
+}
+
+// An int8 cache with q (and out) in T.
+at::Tensor& attend_int8(const Layout& layout, const at::Tensor& q, const at::Tensor& k_cache,
+                        const at::Tensor& v_cache, const at::Tensor& k_scale,
+                        const at::Tensor& v_scale, at::Tensor& out, float scale) {
+  switch (q.scalar_type()) {
+    case at::kFloat:
+      attend_all<float, int8_t>(layout, q, k_cache, v_cache, k_scale, v_scale, out, scale, false);
+      break;
+    case at::kBFloat16:
+      attend_all<c10::BFloat16, int8_t>(layout, q, k_cache, v_cache, k_scale, v_scale, out,
+                                        scale, false);
+      break;
+    case at::kHalf:
+      attend_all<c10::Half, int8_t>(layout, q, k_cache, v_cache, k_scale, v_scale, out, scale,
+                                    false);
+      break;
+    default:
+      TORCH_CHECK(false, "layerserve::paged_attention: q in float32, bfloat16 or float16, not ",
+                  q.scalar_type());
+  }
+  return out;
+}
+
 // q [T, H, D], caches [num_blocks, block_size, Hkv, D] (the step's K/V already written),
 // query_start [S + 1], context_lens [S], block_tables [S, max_blocks] (int64; -1 entries only
 // outside each query's window) -> out [T, H, D]. window <= 0: every earlier key. avx512_bf16:
 // bf16 caches read by avx512_bf16.h where built in (has_avx512_bf16()); false: widened copies.
+// k_scale, v_scale: int8 caches' scales [num_blocks, block_size, Hkv] (q in any float dtype).
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& query_start,
                            const at::Tensor& context_lens, const at::Tensor& block_tables,
-                           int64_t window, double scale, bool avx512_bf16) {
+                           int64_t window, double scale, bool avx512_bf16,
+                           const std::optional<at::Tensor>& k_scale,
+                           const std::optional<at::Tensor>& v_scale) {
   check_inputs(q, k_cache, v_cache, query_start, context_lens, block_tables);
+  check_scales(k_cache, k_scale, v_scale);
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   const Layout layout{query_start.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
                       block_tables.data_ptr<int64_t>(), block_tables.size(1),
                       k_cache.size(1), window, context_lens.numel()};
   const float scale_f = static_cast<float>(scale);
+  if (k_cache.scalar_type() == at::kChar) {
+    return attend_int8(layout, q, k_cache, v_cache, *k_scale, *v_scale, out, scale_f);
+  }
+  const at::Tensor none;
   switch (q.scalar_type()) {
     case at::kFloat:
-      attend_all<float>(layout, q, k_cache, v_cache, out, scale_f, avx512_bf16);
+      attend_all<float>(layout, q, k_cache, v_cache, none, none, out, scale_f, avx512_bf16);
       break;
     case at::kBFloat16:
-      attend_all<c10::BFloat16>(layout, q, k_cache, v_cache, out, scale_f, avx512_bf16);
+      attend_all<c10::BFloat16>(layout, q, k_cache, v_cache, none, none, out, scale_f,
+                                avx512_bf16);
       break;
     case at::kHalf:
-      attend_all<c10::Half>(layout, q, k_cache, v_cache, out, scale_f, avx512_bf16);
+      attend_all<c10::Half>(layout, q, k_cache, v_cache, none, none, out, scale_f, avx512_bf16);
       break;
     default:
       TORCH_CHECK(false, "layerserve::paged_attention: float32, bfloat16 or float16, not ",
@@ -661,8 +858,8 @@ bool has_avx512_bf16() { return HAS_AVX512_BF16; }
 TORCH_LIBRARY(layerserve, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start, "
-      "Tensor context_lens, Tensor block_tables, int window, float scale, bool avx512_bf16=True) "
-      "-> Tensor");
+      "Tensor context_lens, Tensor block_tables, int window, float scale, bool avx512_bf16=True, "
+      "Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
   m.def("has_avx512_bf16() -> bool", &has_avx512_bf16);
 }

@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace {
 
@@ -89,15 +90,18 @@ void rope_(at::Tensor q, at::Tensor k, const at::Tensor& cos, const at::Tensor& 
 namespace layerserve {
 
 void write_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k, const at::Tensor& v,
-              const at::Tensor& slot_mapping);  // kv_write.cpp
+              const at::Tensor& slot_mapping, const std::optional<at::Tensor>& k_scale,
+              const std::optional<at::Tensor>& v_scale);  // kv_write.cpp
 
 // A layer's RoPE and KV cache write as one op (one dispatch from Python, not two): q and k
-// rotated in place as rope_ does, then k and v stored at their slots as write_kv_ does.
+// rotated in place as rope_ does, then k and v stored at their slots as write_kv_ does
+// (quantized into an int8 cache, whose scales come last).
 void rope_write_kv_(at::Tensor q, at::Tensor k, const at::Tensor& v, const at::Tensor& cos,
                     const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache,
-                    const at::Tensor& slot_mapping) {
+                    const at::Tensor& slot_mapping, const std::optional<at::Tensor>& k_scale,
+                    const std::optional<at::Tensor>& v_scale) {
   rope_(q, k, cos, sin);
-  write_kv(k_cache, v_cache, k, v, slot_mapping);
+  write_kv(k_cache, v_cache, k, v, slot_mapping, k_scale, v_scale);
 }
 
 }  // namespace layerserve
@@ -107,6 +111,7 @@ TORCH_LIBRARY_FRAGMENT(layerserve, m) {
   m.impl("rope_", c10::DispatchKey::CPU, &rope_);
   m.def(
       "rope_write_kv_(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor cos, Tensor sin,"
-      " Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping) -> ()");
+      " Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping, Tensor(e!)? k_scale=None,"
+      " Tensor(f!)? v_scale=None) -> ()");
   m.impl("rope_write_kv_", c10::DispatchKey::CPU, &layerserve::rope_write_kv_);
 }

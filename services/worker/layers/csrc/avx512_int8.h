@@ -1,0 +1,87 @@
+// The inner loops of attention over an int8 KV cache (kv_cache.py: one float32 scale per token
+// and KV head), each K and V row widened to float32 in registers as it is read (no widened copy):
+// - dot16: 16 q . k dot products at once, 16 dims of each key widened (VPMOVSXBD, VCVTDQ2PS)
+//   and multiplied into 16 float32 lanes per key, then avx512_bf16.h's transposing reduction
+//   turns the 16 keys' lane sums into one vector whose lane j is key j's dot; the caller
+//   multiplies it by the keys' scales;
+// - weigh_rows: p . V for a few query rows, each V row widened in registers and its scale
+//   folded into the row's probability.
+//
+// Included by cpu_attention.cpp where avx512_bf16.h is (the reduction is that header's): the
+// extension is built with -march=native on the machine that runs it; elsewhere int8 rows are
+// widened into a copy a block at a time.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "avx512_bf16.h"
+
+namespace avx512_int8 {
+
+using avx512_bf16::KEYS;
+constexpr int64_t PER_LOAD = 16;  // int8 values widened per register: dim must be a multiple
+constexpr int64_t ROW_DIMS = 4 * PER_LOAD;  // dims weigh_rows keeps in registers per row
+
+inline __m512 widen16(const int8_t* x) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+
+// Lane j = q . keys[j] over `dim` values (dim % 16 == 0), the keys' int8 values as they are.
+inline __m512 dot16(const float* q, const int8_t* const keys[KEYS], int64_t dim) {
+  __m512 acc[KEYS];
+#pragma GCC unroll 16
+  for (int s = 0; s < KEYS; ++s) acc[s] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < dim; d += PER_LOAD) {
+    const __m512 qv = _mm512_loadu_ps(q + d);
+#pragma GCC unroll 16
+    for (int j = 0; j < KEYS; ++j) {
+      const int k = avx512_bf16::slot(j);
+      acc[k] = _mm512_fmadd_ps(qv, widen16(keys[j] + d), acc[k]);
+    }
+  }
+  return avx512_bf16::transpose_sum(acc);
+}
+
+// sums[r][d] += sum_t probs[r * probs_stride + t] * scales[t] * values[t][d] for R rows, 64
+// dims at a time (dim % 64 == 0): R x 4 independent FMA chains; each sum adds its keys in order.
+template <int R>
+inline void weigh_rows(const float* probs, int64_t probs_stride, const int8_t* const* values,
+                       const float* scales, int64_t count, float* sums_out, int64_t dim) {
+  for (int64_t d = 0; d < dim; d += ROW_DIMS) {
+    __m512 sums[R][4];
+    for (int r = 0; r < R; ++r) {
+      for (int k = 0; k < 4; ++k) sums[r][k] = _mm512_loadu_ps(sums_out + r * dim + d + 16 * k);
+    }
+    for (int64_t t = 0; t < count; ++t) {
+      __m512 v[4];
+      for (int k = 0; k < 4; ++k) v[k] = widen16(values[t] + d + 16 * k);
+      for (int r = 0; r < R; ++r) {
+        const __m512 p = _mm512_set1_ps(probs[r * probs_stride + t] * scales[t]);
+        for (int k = 0; k < 4; ++k) sums[r][k] = _mm512_fmadd_ps(p, v[k], sums[r][k]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int k = 0; k < 4; ++k) _mm512_storeu_ps(sums_out + r * dim + d + 16 * k, sums[r][k]);
+    }
+  }
+}
+
+// weigh_rows for `rows` rows that see the same keys, 4 rows at a time.
+inline void weigh(const float* probs, int64_t probs_stride, const int8_t* const* values,
+                  const float* scales, int64_t count, float* sums, int64_t dim, int64_t rows) {
+  for (int64_t r = 0; r < rows; r += 4) {
+    const float* pr = probs + r * probs_stride;
+    float* sr = sums + r * dim;
+    switch (rows - r >= 4 ? 4 : rows - r) {
+      case 4: weigh_rows<4>(pr, probs_stride, values, scales, count, sr, dim); break;
+      case 3: weigh_rows<3>(pr, probs_stride, values, scales, count, sr, dim); break;
+      case 2: weigh_rows<2>(pr, probs_stride, values, scales, count, sr, dim); break;
+      default: weigh_rows<1>(pr, probs_stride, values, scales, count, sr, dim);
+    }
+  }
+}
+
+}  // namespace avx512_int8

@@ -1,0 +1,180 @@
+"""The int8 KV cache (--kv-cache-dtype int8): the extension's write ops quantize each token's
+heads as kv_cache.quantize_int8 does (the same bits), every value within scale / 2 of what was
+written; its paged attention reads the int8 rows with their scales as the torch path reads them
+dequantized, and stays within what the quantization allows of attention over the float values,
+for decodes, prefill chunks, GQA and sliding windows over several blocks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from services.worker.layers import cpu_attention_ext
+from services.worker.layers.cpu_attention import CpuAttention
+from services.worker.layers.kv_cache import (
+    PagedKVCache,
+    bytes_per_block,
+    dequantize_int8,
+)
+from services.worker.layers.torch_attention import TorchAttention
+
+HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension() -> None:
+    """`make install` builds it; a bare checkout builds it here once (cached in build/)."""
+    if not cpu_attention_ext.load():
+        cpu_attention_ext.build()
+        cpu_attention_ext.load.cache_clear()
+        assert cpu_attention_ext.load()
+
+
+class _Shape:
+    num_layers, num_kv_heads, head_dim = 2, KV_HEADS, DIM
+    kv_size = num_kv_heads * head_dim
+
+    def window(self, layer: int) -> int | None:
+        return None
+
+
+def _kv(tokens: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """k, v [T, Hkv, D] with heads of very different magnitudes (and one all zeros), as real
+    keys have: per-head scales must follow them."""
+    generator = torch.Generator().manual_seed(seed)
+    k, v = torch.randn(2, tokens, KV_HEADS, DIM, generator=generator)
+    k = k * torch.tensor([0.05, 1.0, 4.0])[:, None]
+    if tokens > 1:
+        v[1, 2] = 0.0
+    return k.to(dtype), v.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_quantizes_as_the_reference(dtype: torch.dtype) -> None:
+    k, v = _kv(11, dtype)
+    slots = torch.tensor([5, 0, 17, 3, 40, 41, 42, 9, 30, 31, 12])
+    native = PagedKVCache(_Shape(), 4, BLOCK, torch.int8, CPU)
+    torch.ops.layerserve.write_kv_(
+        *native.flat_layer(1)[:2], k, v, slots, *native.flat_layer(1)[2:]
+    )
+    reference = PagedKVCache(_Shape(), 4, BLOCK, torch.int8, CPU)
+    reference.write(1, k, v, slots)
+    for mine, want in zip(native.flat_layer(1), reference.flat_layer(1), strict=True):
+        assert torch.equal(mine, want)
+    k_q, v_q, k_scale, v_scale = native.flat_layer(1)
+    for x, values, scale in ((k, k_q, k_scale), (v, v_q, v_scale)):
+        back = dequantize_int8(values[slots], scale[slots], torch.float32)
+        error = (back - x.float()).abs()
+        # scale / 2, plus float32's rounding of x / scale and q * scale (|q| <= 127)
+        assert (error <= scale[slots][..., None] * (0.5 + 127 * 2**-22)).all()
+        assert values[slots].abs().amax(-1)[scale[slots] > 0].eq(127).all()  # absmax -> 127
+    assert v_scale[slots[1], 2] == 0 and v_q[slots[1], 2].eq(0).all()  # a zero head stays zero
+    assert native.flat_layer(0)[0].eq(0).all()  # another layer untouched
+
+
+def test_rope_write_kv_quantizes_the_rotated_keys() -> None:
+    qkv = torch.randn(6, HEADS + 2 * KV_HEADS, DIM)
+    q, k, v = qkv.split_with_sizes([HEADS, KV_HEADS, KV_HEADS], 1)
+    positions = torch.arange(6) + 3
+    freqs = positions[:, None].float() / 10 ** (torch.arange(DIM // 2) / DIM * 4)
+    angles = torch.cat([freqs, freqs], -1)
+    cos, sin = angles.cos(), angles.sin()
+    rotary = TorchAttention().rotary(cos, sin, torch.arange(6), torch.float32)
+    slots = torch.tensor([1, 2, 3, 20, 21, 22])
+    meta = CpuAttention().metadata([6], [6], [[0, 1]], BLOCK, CPU)
+    meta.slot_mapping = slots
+    fused = PagedKVCache(_Shape(), 4, BLOCK, torch.int8, CPU)
+    q_fused = CpuAttention().rope_write_kv(fused, 0, q.clone(), k.clone(), v, rotary, meta)
+    reference = PagedKVCache(_Shape(), 4, BLOCK, torch.int8, CPU)
+    q_ref = TorchAttention().rope_write_kv(reference, 0, q.clone(), k.clone(), v, rotary, meta)
+    assert torch.equal(q_fused, q_ref)
+    for mine, want in zip(fused.layer(0), reference.layer(0), strict=True):
+        assert torch.equal(mine, want)
+
+
+def test_int8_cache_counts_its_scales() -> None:
+    values = 2 * _Shape.num_layers * BLOCK * KV_HEADS * DIM
+    assert bytes_per_block(_Shape(), BLOCK, torch.float32) == 4 * values
+    assert bytes_per_block(_Shape(), BLOCK, torch.int8) == values + 2 * 2 * BLOCK * KV_HEADS * 4
+    cache = PagedKVCache(_Shape(), 3, BLOCK, torch.int8, CPU)
+    k, v, k_scale, v_scale = cache.layer(1)
+    assert k.dtype == v.dtype == torch.int8 and k.shape == (3, BLOCK, KV_HEADS, DIM)
+    assert k_scale.dtype == torch.float32 and v_scale.shape == (3, BLOCK, KV_HEADS)
+
+
+# (new tokens, context) per sequence: decodes over several blocks, a prefill, a chunk after a
+# cached prefix, all in one step.
+STEP = [(1, 40), (1, 17), (23, 23), (1, 1), (9, 50)]
+
+
+def _step(window: int | None, seed: int = 0):
+    """The STEP's keys and values written into an int8 cache and a float32 one (the same float
+    values), their blocks scattered; q, and what the extension and both references give."""
+    query_lens, contexts = [q for q, _ in STEP], [c for _, c in STEP]
+    needed = [-(-c // BLOCK) for c in contexts]
+    order = torch.randperm(sum(needed), generator=torch.Generator().manual_seed(seed)) + 1
+    tables = [order[sum(needed[:i]) : sum(needed[: i + 1])].tolist() for i in range(len(STEP))]
+    int8 = PagedKVCache(_Shape(), sum(needed) + 1, BLOCK, torch.int8, CPU)
+    wide = PagedKVCache(_Shape(), sum(needed) + 1, BLOCK, torch.float32, CPU)
+    pairs = zip(tables, contexts, strict=True)
+    slots = torch.tensor([t[p // BLOCK] * BLOCK + p % BLOCK for t, c in pairs for p in range(c)])
+    k, v = _kv(len(slots), torch.float32, seed)
+    int8.write(0, k, v, slots)
+    wide.write(0, k, v, slots)
+    q = torch.randn(sum(query_lens), HEADS, DIM, generator=torch.Generator().manual_seed(seed))
+    native = CpuAttention().metadata(query_lens, contexts, tables, BLOCK, CPU)
+    torch_meta = TorchAttention().metadata(query_lens, contexts, tables, BLOCK, CPU)
+    out = CpuAttention().paged_attention(q, int8.layer(0), native, window)
+    dequantized = TorchAttention().paged_attention(q, int8.layer(0), torch_meta, window)
+    exact = TorchAttention().paged_attention(q, wide.layer(0), torch_meta, window)
+    return q, int8, out, dequantized, exact, tables
+
+
+@pytest.mark.parametrize("window", [None, 20])
+def test_int8_attention_reads_what_was_quantized(window: int | None) -> None:
+    _, _, out, dequantized, _, _ = _step(window)
+    torch.testing.assert_close(out, dequantized, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 20])
+def test_int8_attention_within_the_quantization_error(window: int | None) -> None:
+    """Per query head: each key within scale_k / 2 moves a score by at most
+    eps = |q|_1 max(scale_k) / 2 / sqrt(D), so each probability by a factor within e^(+-2 eps):
+    the output by at most (e^(2 eps) - 1) max|v|, plus max(scale_v) / 2 from the values."""
+    q, cache, out, _, exact, _ = _step(window)
+    _, v, k_scale, v_scale = cache.layer(0)
+    kv_head = torch.arange(HEADS) // (HEADS // KV_HEADS)  # each query head's KV head
+    max_k_scale = k_scale.amax((0, 1))[kv_head]  # [H]
+    max_v_scale = v_scale.amax((0, 1))[kv_head]
+    max_v = dequantize_int8(v, v_scale, torch.float32).abs().amax((0, 1, 3))[kv_head]
+    eps = q.abs().sum(-1) * max_k_scale / 2 / math.sqrt(DIM)  # [T, H]
+    bound = (torch.exp(2 * eps) - 1) * max_v + max_v_scale / 2 + 1e-5
+    error = (out - exact).abs().amax(-1)  # [T, H]
+    assert (error <= bound).all()
+    assert error.max() > 0  # the values were quantized: not the float cache read back
+    assert (error / bound).max() > 0.02  # the bound is one the kernel comes near
+
+
+def test_int8_attention_takes_bfloat16_queries() -> None:
+    """A bfloat16 model's q over an int8 cache: widened exactly, float32 inside, rounded once."""
+    q, cache, out, _, _, tables = _step(None)
+    q16 = q.to(torch.bfloat16)
+    meta = CpuAttention().metadata([n for n, _ in STEP], [c for _, c in STEP], tables, BLOCK, CPU)
+    out16 = CpuAttention().paged_attention(q16, cache.layer(0), meta)
+    wide = CpuAttention().paged_attention(q16.float(), cache.layer(0), meta)
+    assert out16.dtype == torch.bfloat16
+    assert torch.equal(out16, wide.to(torch.bfloat16))
+
+
+def test_paged_attention_refuses_scales_without_int8() -> None:
+    cache = PagedKVCache(_Shape(), 2, BLOCK, torch.float32, CPU)
+    meta = CpuAttention().metadata([1], [1], [[1]], BLOCK, CPU)
+    scales = torch.zeros(2, BLOCK, KV_HEADS)
+    with pytest.raises(RuntimeError, match="scales go with int8"):
+        torch.ops.layerserve.paged_attention(
+            torch.zeros(1, HEADS, DIM), *cache.layer(0), meta.query_start,
+            meta.context_lens_device, meta.block_tables, 0, 0.125, True, scales, scales,
+        )  # fmt: skip
