@@ -18,6 +18,7 @@ It keeps the values in one of two pairs of forms, by how they are computed:
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -271,6 +272,18 @@ class Int4Weight(QuantizedWeight):
             return torch.ops.layerserve.q4_linear(x, self.packed, self.pairs, self.out_features)
         out = self.kernel(x, self)
         return out if bias is None else out + bias
+
+    def direct_linear(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+        # The op itself, its weight arguments bound: linear()'s first branch without its frame.
+        if self.op_rows < 0:
+            return super().direct_linear()
+        op, packed, pairs, rows = (
+            torch.ops.layerserve.q4_linear,
+            self.packed,
+            self.pairs,
+            self.out_features,
+        )
+        return (lambda x: op(x, packed, pairs, rows)), self.op_rows
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         nibbles, scale, offset = self.nibbles, self.scale, self.offset  # read back once

@@ -9,6 +9,8 @@ per call."""
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +43,12 @@ class QuantizedWeight(torch.Tensor):
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in] (compute dtype) -> x @ W.T + bias [..., out]."""
         raise NotImplementedError
+
+    def direct_linear(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+        """(f, rows): f(x) == self.linear(x, None) for x [T, in] contiguous in the compute dtype
+        with T <= rows, with as few Python frames as the format can (model/flat_layers.py
+        calls it ~120 times a batch-1 step)."""
+        return functools.partial(self.linear, bias=None), sys.maxsize
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [...] -> rows [..., in] of W (a tied embedding table read by row)."""

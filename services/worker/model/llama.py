@@ -21,6 +21,7 @@ from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.layers.rotary import RopeTables
 from services.worker.layers.weights import copy_hf_weights, empty_weight
 from services.worker.model.config import LlamaConfig, rope_inv_freq
+from services.worker.model.flat_layers import FlatLayers
 
 
 class RMSNorm(nn.Module):
@@ -132,12 +133,17 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         attn: StepAttention,
         kv_cache: PagedKVCache,
+        flat: FlatLayers | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [T] (several sequences flattened) -> final-normed hidden [T, d].
 
-        positions drive RoPE; attn (its slot mapping and block tables) drives the cache."""
+        positions drive RoPE; attn (its slot mapping and block tables) drives the cache. flat:
+        these layers' flat loop (FlatLayers.of(self)), taken for steps within its max_rows."""
         x = F.embedding(input_ids, self.embed_tokens)  # [T, d], the residual stream's start
         rotary = attn.backend.rotary(self.rope.cos, self.rope.sin, positions, x.dtype)
+        if flat is not None and x.shape[0] <= flat.max_rows:
+            x, residual = flat.run(x, rotary, attn, kv_cache)
+            return attn.backend.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)
         residual = None
         # forward, not __call__: nn.Module's call wrapper costs two Python frames and its hook
         # checks per layer (a few % of a batch-1 CPU step), and nothing hooks a decoder layer

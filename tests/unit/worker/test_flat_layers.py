@@ -1,0 +1,92 @@
+"""The flat decode loop (model/flat_layers.py) computes what the module tree computes, bit for
+bit, on the served SmolLM2 (its 4-bit weights kept, float32, the CPU backend the worker picks),
+and stands aside where it would not: a hooked layer, another model."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from services.worker.layers.attention import StepAttention
+from services.worker.layers.attention_backends import choose_attention_backend, torch_backend
+from services.worker.layers.kv_cache import PagedKVCache
+from services.worker.model.flat_layers import FlatLayers
+from services.worker.model.loader import LoadedModel
+from services.worker.model.quant import quantize_loaded
+from tests.unit.worker.tiny_model import random_tiny
+
+BLOCK = 16
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def served(smollm: LoadedModel) -> LoadedModel:
+    """The session's float32 SmolLM2, copied, its Q4_1 weights kept: the CPU default."""
+    return quantize_loaded(dataclasses.replace(smollm, model=copy.deepcopy(smollm.model)), "gguf")
+
+
+def _steps(loaded: LoadedModel, backend, flat: FlatLayers | None) -> list[torch.Tensor]:
+    """Hidden states of a prefill of three prompts (lengths 5, 9, 20) and then three decode steps
+    of all three, each a token chosen from the last hidden state; a fresh KV cache."""
+    model, config = loaded.model, loaded.config
+    cache = PagedKVCache(config, 6, BLOCK, torch.float32, CPU)
+    tables = [[0, 1], [2, 3], [4, 5]]
+    generator = torch.Generator().manual_seed(0)
+    tokens = [torch.randint(config.vocab_size, (n,), generator=generator) for n in (5, 9, 20)]
+    lens = [0, 0, 0]
+    query = [len(t) for t in tokens]
+    outputs = []
+    for _ in range(4):
+        context = [c + q for c, q in zip(lens, query, strict=True)]
+        attn = StepAttention.build(query, context, [tables], BLOCK, CPU, backend)
+        ids = torch.cat(tokens)
+        with torch.no_grad():
+            hidden = model(ids, attn.positions, attn, cache, flat=flat)
+        outputs.append(hidden)
+        last = attn.query_start[1:] - 1
+        tokens = [hidden[row].abs().argmax().remainder(config.vocab_size).view(1) for row in last]
+        lens, query = context, [1, 1, 1]
+    return outputs
+
+
+@pytest.mark.parametrize("kernels", ["auto", "torch"])
+def test_the_flat_loop_gives_the_module_trees_bits(served: LoadedModel, kernels: str) -> None:
+    backend = (
+        choose_attention_backend("auto", CPU, served.config.head_dim)
+        if kernels == "auto"
+        else torch_backend()
+    )
+    flat = FlatLayers.of(served.model)
+    assert flat is not None
+    expected = _steps(served, backend, None)
+    got = _steps(served, backend, flat)
+    for step, (e, g) in enumerate(zip(expected, got, strict=True)):
+        assert torch.equal(e, g), f"step {step}: max diff {(e - g).abs().max()}"
+
+
+def test_a_hooked_layer_or_another_model_is_not_flattened(served: LoadedModel) -> None:
+    model = served.model
+    handle = model.layers[3].mlp.register_forward_hook(lambda _m, _a, out: out * 2)
+    try:
+        assert FlatLayers.of(model) is None  # tensor_parallel.py's all-reduce is such a hook
+    finally:
+        handle.remove()
+    assert FlatLayers.of(model) is not None
+    assert FlatLayers.of(torch.nn.Linear(2, 2)) is None
+
+
+def test_a_step_beyond_max_rows_takes_the_module_tree() -> None:
+    """A prefill larger than a linear's direct call goes through the layers' own forward."""
+    tiny = random_tiny(0)
+    flat = FlatLayers.of(tiny.model)
+    assert flat is not None
+    flat.max_rows = 0  # every step too large: run() must not be reached
+    flat.run = None  # type: ignore[method-assign]
+    cache = PagedKVCache(tiny.config, 4, BLOCK, torch.float32, tiny.model.embed_tokens.device)
+    attn = StepAttention.build([3], [3], [[[0]]], BLOCK, cache._buffer.device, torch_backend())
+    ids = torch.tensor([1, 2, 3], device=cache._buffer.device)
+    hidden = tiny.model(ids, attn.positions, attn, cache, flat=flat)
+    assert hidden.shape == (3, tiny.config.hidden_size)
