@@ -26,6 +26,7 @@ from services.worker.layers.kv_cache import (
     kv_cache_groups,
     num_blocks_for_bytes,
 )
+from services.worker.model.flat_layers import FlatLayers
 from services.worker.model.loaded import LoadedModel
 from services.worker.model.quant import quantize_loaded
 
@@ -74,6 +75,10 @@ class ModelRunner:
             )
         self._loaded = loaded
         self._model = loaded.model
+        # Steps within its max_rows (decoding) run a Llama model's layers as one flat loop: the
+        # same ops without the module tree's Python frames (model/flat_layers.py). None: every
+        # step through the modules (another model, or hooked layers: tensor parallelism).
+        self._flat = FlatLayers.of(loaded.model)
         self._cache = kv_cache
         self._sampler = Sampler()
         self._structured = structured_decoder(loaded)  # constrained rows' grammars and masks
@@ -337,7 +342,10 @@ class ModelRunner:
             backend=self._backend,
         )
         tokens = torch.tensor(input_ids, dtype=torch.int64, device=self._device)
-        hidden = self._model(tokens, attn.positions, attn, self._cache)  # [T, d]
+        if self._flat is None:
+            hidden = self._model(tokens, attn.positions, attn, self._cache)  # [T, d]
+        else:
+            hidden = self._model(tokens, attn.positions, attn, self._cache, flat=self._flat)
         return hidden, attn.query_start[1:] - 1
 
     def _sample(self, logits: torch.Tensor, states: list[SequenceState]) -> list[Sampled]:

@@ -90,3 +90,27 @@ def test_a_step_beyond_max_rows_takes_the_module_tree() -> None:
     ids = torch.tensor([1, 2, 3], device=cache._buffer.device)
     hidden = tiny.model(ids, attn.positions, attn, cache, flat=flat)
     assert hidden.shape == (3, tiny.config.hidden_size)
+
+
+def test_the_worker_runs_its_llama_layers_flat_and_the_text_is_the_same(
+    served: LoadedModel,
+) -> None:
+    from services.worker.engine.model_runner import ModelRunner
+    from services.worker.engine.plan import NewSequence, RunningSequence, StepPlan
+
+    def greedy(flat: bool) -> list[int]:
+        cache = PagedKVCache(served.config, 4, BLOCK, torch.float32, CPU)
+        backend = choose_attention_backend("auto", CPU, served.config.head_dim)
+        runner = ModelRunner(served, cache, max_model_len=64, model_name="m", backend=backend)
+        assert runner._flat is not None
+        if not flat:
+            runner._flat = None
+        prompt = list(range(100, 120))
+        out = runner.execute(StepPlan(new=[NewSequence("r", prompt, 20, 0, 20, [[0, 1, 2]])]))
+        tokens = [out[0].token_id]
+        for _ in range(8):
+            out = runner.execute(StepPlan(running=[RunningSequence("r", 1, [[]])]))
+            tokens.append(out[0].token_id)
+        return tokens
+
+    assert greedy(flat=True) == greedy(flat=False)
