@@ -63,8 +63,9 @@ def _gguf_groups(tensor_type: int, out: int, cols: int, seed: int) -> GroupQuant
 
 
 def _assert_close_to_reference(got: torch.Tensor, x: torch.Tensor, groups: GroupQuant) -> None:
-    """Within float32 rounding of the exact product: the op sums q * x per group, then scales
-    and adds offset * sum(x), so a few ulps of |x| . (|q * scale| + |offset|) a column."""
+    """Within float32 rounding of the exact product: up to 4 rows the op sums q * x per group,
+    then scales and adds offset * sum(x); above, it sums w * x with w = q * scale + offset.
+    Either way at most K ulps of |x| . (|q * scale| + |offset|) an output."""
     expected = x.double() @ groups.dequantized().double().T
     q = groups.q.double().unflatten(-1, (-1, 32))
     magnitude = (q * groups.scale.double()[..., None]).abs() + groups.offset.double()[

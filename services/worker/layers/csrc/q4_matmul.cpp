@@ -321,8 +321,13 @@ void multiply_decoded(const float* x, int64_t rows, int64_t k, const uint8_t* pa
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t g0 = 0; g0 < groups; g0 += kChunkGroups) {
         const int64_t chunk = std::min(kChunkGroups, groups - g0);
-        decode_chunk(packed + (b * (k / 2) + g0 * kGroup / 2) * kBlockRows,
-                     pairs + (b * groups + g0) * 2 * kBlockRows, chunk, w.data());
+        const uint8_t* bytes = packed + (b * (k / 2) + g0 * kGroup / 2) * kBlockRows;
+        decode_chunk(bytes, pairs + (b * groups + g0) * 2 * kBlockRows, chunk, w.data());
+        // the next chunk's bytes start coming from memory while this one is multiplied
+        const int64_t ahead = std::min(kChunkGroups, groups - g0 - chunk) * kGroup / 2;
+        for (int64_t line = 0; line < ahead; ++line) {
+          __builtin_prefetch(bytes + (chunk * kGroup / 2 + line) * kBlockRows);
+        }
         for (int64_t t = 0; t < count; t += kPanelTile) {
           const int64_t tile = std::min<int64_t>(kPanelTile, count - t);
           kRowsTimesChunk[tile](w.data(), chunk * kGroup, x + (r0 + t) * k + g0 * kGroup, k,
