@@ -91,11 +91,13 @@ def test_killed_replica_of_the_real_model_moves_its_streams_and_rejoins(
     stack = own_stack(
         null_worker=False,
         worker_ports=tuple(free_ports(2)),
-        # float32, as the e2e stack's exact-reference tests: with the bfloat16 a CPU with
-        # AVX512-BF16 or AMX gets by default (and its 4-bit weights), a moved stream's recompute
-        # (its prompt and output as one prefill) rounds otherwise than the decode steps it
-        # replaces, and 2-3 of the 8 texts parted from the reference after some 20 tokens.
-        # float32 also loads faster (no int4 packing): 25 s a worker instead of 30-44 s.
+        # float32 dense, as the e2e stack's exact-reference tests: with the worker's 4-bit
+        # default (float32 sums of the file's 4-bit weights) a moved stream's recompute (its
+        # prompt and output as one prefill) still rounds otherwise than the decode steps it
+        # replaces (1 of the 8 texts parted from the reference after some 60 characters); so
+        # did bfloat16 (2-3 of 8). One thread each: two replicas on a 2-core machine, not two
+        # threads each waiting for a core at every op's barrier (the uninterrupted run took
+        # 152 s with two threads each on a busy 2-core box, 14 s with one).
         worker_args=[
             "--device",
             "cpu",
@@ -105,6 +107,8 @@ def test_killed_replica_of_the_real_model_moves_its_streams_and_rejoins(
             "float32",
             "--quantization",
             "none",
+            "--threads",
+            "1",
         ],
         scheduler_args=["--routing", "round-robin"],
         ready_timeout=300,
@@ -128,7 +132,7 @@ def test_killed_replica_of_the_real_model_moves_its_streams_and_rejoins(
         "SIGKILL of one of two real-model replicas mid-stream",
         {
             "load": f"{STREAMS} greedy chat streams of {TOKENS} tokens (ignore_eos) on two "
-            "SmolLM2-135M workers on the CPU in float32, round-robin",
+            "SmolLM2-135M workers on the CPU in float32, one thread each, round-robin",
             "faults": ["SIGKILL to worker0 while every stream was producing tokens"],
             "outcomes": result.counts(),
             "errors": result.errors(),
