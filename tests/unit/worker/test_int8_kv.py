@@ -34,18 +34,23 @@ def extension() -> None:
 
 
 class _Shape:
-    num_layers, num_kv_heads, head_dim = 2, KV_HEADS, DIM
-    kv_size = num_kv_heads * head_dim
+    num_layers, num_kv_heads = 2, KV_HEADS
+
+    def __init__(self, head_dim: int = DIM) -> None:
+        self.head_dim = head_dim
+        self.kv_size = KV_HEADS * head_dim
 
     def window(self, layer: int) -> int | None:
         return None
 
 
-def _kv(tokens: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _kv(
+    tokens: int, dtype: torch.dtype, seed: int = 0, dim: int = DIM
+) -> tuple[torch.Tensor, torch.Tensor]:
     """k, v [T, Hkv, D] with heads of very different magnitudes (and one all zeros), as real
     keys have: per-head scales must follow them."""
     generator = torch.Generator().manual_seed(seed)
-    k, v = torch.randn(2, tokens, KV_HEADS, DIM, generator=generator)
+    k, v = torch.randn(2, tokens, KV_HEADS, dim, generator=generator)
     k = k * torch.tensor([0.05, 1.0, 4.0])[:, None]
     if tokens > 1:
         v[1, 2] = 0.0
@@ -96,7 +101,7 @@ def test_rope_write_kv_quantizes_the_rotated_keys() -> None:
 
 
 def test_int8_cache_counts_its_scales() -> None:
-    values = 2 * _Shape.num_layers * BLOCK * KV_HEADS * DIM
+    values = 2 * _Shape().num_layers * BLOCK * KV_HEADS * DIM
     assert bytes_per_block(_Shape(), BLOCK, torch.float32) == 4 * values
     assert bytes_per_block(_Shape(), BLOCK, torch.int8) == values + 2 * 2 * BLOCK * KV_HEADS * 4
     cache = PagedKVCache(_Shape(), 3, BLOCK, torch.int8, CPU)
@@ -110,21 +115,21 @@ def test_int8_cache_counts_its_scales() -> None:
 STEP = [(1, 40), (1, 17), (23, 23), (1, 1), (9, 50)]
 
 
-def _step(window: int | None, seed: int = 0):
+def _step(window: int | None, seed: int = 0, dim: int = DIM):
     """The STEP's keys and values written into an int8 cache and a float32 one (the same float
     values), their blocks scattered; q, and what the extension and both references give."""
     query_lens, contexts = [q for q, _ in STEP], [c for _, c in STEP]
     needed = [-(-c // BLOCK) for c in contexts]
     order = torch.randperm(sum(needed), generator=torch.Generator().manual_seed(seed)) + 1
     tables = [order[sum(needed[:i]) : sum(needed[: i + 1])].tolist() for i in range(len(STEP))]
-    int8 = PagedKVCache(_Shape(), sum(needed) + 1, BLOCK, torch.int8, CPU)
-    wide = PagedKVCache(_Shape(), sum(needed) + 1, BLOCK, torch.float32, CPU)
+    int8 = PagedKVCache(_Shape(dim), sum(needed) + 1, BLOCK, torch.int8, CPU)
+    wide = PagedKVCache(_Shape(dim), sum(needed) + 1, BLOCK, torch.float32, CPU)
     pairs = zip(tables, contexts, strict=True)
     slots = torch.tensor([t[p // BLOCK] * BLOCK + p % BLOCK for t, c in pairs for p in range(c)])
-    k, v = _kv(len(slots), torch.float32, seed)
+    k, v = _kv(len(slots), torch.float32, seed, dim)
     int8.write(0, k, v, slots)
     wide.write(0, k, v, slots)
-    q = torch.randn(sum(query_lens), HEADS, DIM, generator=torch.Generator().manual_seed(seed))
+    q = torch.randn(sum(query_lens), HEADS, dim, generator=torch.Generator().manual_seed(seed))
     native = CpuAttention().metadata(query_lens, contexts, tables, BLOCK, CPU)
     torch_meta = TorchAttention().metadata(query_lens, contexts, tables, BLOCK, CPU)
     out = CpuAttention().paged_attention(q, int8.layer(0), native, window)
@@ -134,8 +139,9 @@ def _step(window: int | None, seed: int = 0):
 
 
 @pytest.mark.parametrize("window", [None, 20])
-def test_int8_attention_reads_what_was_quantized(window: int | None) -> None:
-    _, _, out, dequantized, _, _ = _step(window)
+@pytest.mark.parametrize("dim", [DIM, 32])  # 32: not whole registers' 64, widened a block at a time
+def test_int8_attention_reads_what_was_quantized(window: int | None, dim: int) -> None:
+    _, _, out, dequantized, _, _ = _step(window, dim=dim)
     torch.testing.assert_close(out, dequantized, atol=2e-5, rtol=1e-5)
 
 

@@ -1,11 +1,12 @@
 // The inner loops of attention over an int8 KV cache (kv_cache.py: one float32 scale per token
-// and KV head), each K and V row widened to float32 in registers as it is read (no widened copy):
-// - dot16: 16 q . k dot products at once, 16 dims of each key widened (VPMOVSXBD, VCVTDQ2PS)
-//   and multiplied into 16 float32 lanes per key, then avx512_bf16.h's transposing reduction
-//   turns the 16 keys' lane sums into one vector whose lane j is key j's dot; the caller
-//   multiplies it by the keys' scales;
-// - weigh_rows: p . V for a few query rows, each V row widened in registers and its scale
-//   folded into the row's probability.
+// and KV head):
+// - dot16: 16 q . k dot products at once, 16 lanes per key, then avx512_bf16.h's transposing
+//   reduction turns the 16 keys' lane sums into one vector whose lane j is key j's dot. A
+//   decode's few rows (its G query heads) widen each key in registers (VPMOVSXBD, VCVTDQ2PS)
+//   as they read it; a prefill tile's many rows (16 tokens x G) read the chunk's keys widened
+//   once by widen_keys (times their scales) into 16 float32 rows that stay in L1;
+// - weigh_rows: p . V for a few query rows, each V row widened in registers once for all of
+//   them and its scale folded into each row's probability.
 //
 // Included by cpu_attention.cpp where avx512_bf16.h is (the reduction is that header's): the
 // extension is built with -march=native on the machine that runs it; elsewhere int8 rows are
@@ -40,6 +41,33 @@ inline __m512 dot16(const float* q, const int8_t* const keys[KEYS], int64_t dim)
     for (int j = 0; j < KEYS; ++j) {
       const int k = avx512_bf16::slot(j);
       acc[k] = _mm512_fmadd_ps(qv, widen16(keys[j] + d), acc[k]);
+    }
+  }
+  return avx512_bf16::transpose_sum(acc);
+}
+
+// rows[j * dim + d] = keys[j][d] * scales[j] for the 16 keys (dim % 16 == 0).
+inline void widen_keys(const int8_t* const keys[KEYS], const float* scales, int64_t dim,
+                       float* rows) {
+  for (int j = 0; j < KEYS; ++j) {
+    const __m512 scale = _mm512_set1_ps(scales[j]);
+    for (int64_t d = 0; d < dim; d += PER_LOAD) {
+      _mm512_storeu_ps(rows + j * dim + d, _mm512_mul_ps(widen16(keys[j] + d), scale));
+    }
+  }
+}
+
+// Lane j = q . rows[j] over `dim` values (dim % 16 == 0), rows as widen_keys leaves them.
+inline __m512 dot16(const float* q, const float* rows, int64_t dim) {
+  __m512 acc[KEYS];
+#pragma GCC unroll 16
+  for (int s = 0; s < KEYS; ++s) acc[s] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < dim; d += PER_LOAD) {
+    const __m512 qv = _mm512_loadu_ps(q + d);
+#pragma GCC unroll 16
+    for (int j = 0; j < KEYS; ++j) {
+      const int k = avx512_bf16::slot(j);
+      acc[k] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows + j * dim + d), acc[k]);
     }
   }
   return avx512_bf16::transpose_sum(acc);

@@ -325,7 +325,7 @@ struct Scratch {
     inv_sum.resize(rows);
     scores.resize(rows * span);
     acc.resize(rows * dim);
-    block.resize(block_size * dim);
+    block.resize(std::max<int64_t>(block_size, 16) * dim);  // 16: an int8 chunk's widened keys
   }
 };
 
@@ -570,12 +570,14 @@ void for_each_int8_chunk(const Problem<T, int8_t>& p, const Item& item, const in
   }
 }
 
-// Pass 1 on an int8 cache, K rows widened in registers (avx512_int8.h): q_r . k_t * scale_t.
+// Pass 1 on an int8 cache (avx512_int8.h): q_r . k_t * scale_t for every row r of the item, the
+// keys widened in registers by each row of a decode, once per chunk for a prefill tile's rows.
 template <typename T>
 void score_keys_int8(const Problem<T, int8_t>& p, const Item& item, const Span& s,
                      Scratch& scratch) {
   widen_queries(p, item, s, scratch);
   const int64_t kv_heads = p.token_stride / p.dim;
+  float* rows = scratch.block.data();  // [KEYS, dim], the chunk's keys widened
   for_each_int8_chunk(p, item, p.k_cache, p.k_scale, s, [&](int64_t c, int64_t n,
                                                             const int64_t* slots) {
     const int8_t* keys[KEYS];
@@ -585,14 +587,18 @@ void score_keys_int8(const Problem<T, int8_t>& p, const Item& item, const Span& 
         keys[j] = p.k_cache + slots[j] * p.token_stride + h * p.head_stride;
         scale[j] = p.k_scale[slots[j] * kv_heads + h];
       }
-      const __m512 scales = _mm512_load_ps(scale);
+      const bool widen_once = item.num_tokens > 1;
+      const __m512 scales = widen_once ? _mm512_set1_ps(1.0f) : _mm512_load_ps(scale);
+      if (widen_once) avx512_int8::widen_keys(keys, scale, p.dim, rows);
       for (int64_t i = 0; i < item.num_tokens; ++i) {
         const int64_t a = std::max(c, s.first(i)), b = std::min(c + n - 1, s.last(i));
         if (a > b) continue;
         const __mmask16 lanes = static_cast<__mmask16>(((1u << (b - a + 1)) - 1) << (a - c));
         for (int64_t g = 0; g < s.group; ++g) {
           const int64_t r = s.row(item, h, i, g);
-          const __m512 dots = avx512_int8::dot16(scratch.q.data() + r * p.dim, keys, p.dim);
+          const float* q = scratch.q.data() + r * p.dim;
+          const __m512 dots = widen_once ? avx512_int8::dot16(q, rows, p.dim)
+                                         : avx512_int8::dot16(q, keys, p.dim);
           float* dst = scratch.scores.data() + r * s.size() + (c - s.lo);
           _mm512_mask_storeu_ps(dst, lanes, _mm512_mul_ps(dots, scales));
         }
