@@ -27,7 +27,8 @@ import torch
 
 NAME = "layerserve_cpu_attention"
 SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.cpp"
-# One library: paged_attention, rope_, silu_mul, q8_0_linear, q4_linear and write_kv_.
+# One library: paged_attention, rope_, silu_mul, q8_0_linear, q4_linear, write_kv_ and
+# llama_layers (which calls the others).
 SOURCES = (
     SOURCE,
     SOURCE.with_name("rope.cpp"),
@@ -35,6 +36,7 @@ SOURCES = (
     SOURCE.with_name("q8_0_matmul.cpp"),
     SOURCE.with_name("q4_matmul.cpp"),
     SOURCE.with_name("kv_write.cpp"),
+    SOURCE.with_name("llama_layers.cpp"),
 )
 HEADERS = (
     SOURCE.with_name("avx512_bf16.h"),

@@ -17,6 +17,7 @@ hook or another layer class does is not in this loop (nor do global module hooks
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.layers.attention import StepAttention
+from services.worker.layers.cpu_attention import CpuAttention
+from services.worker.layers.int4_weight import Int4Weight
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.layers.quantized_weight import QuantizedWeight
 
@@ -54,12 +57,27 @@ def direct_linear(weight: torch.Tensor) -> tuple[Linear, int]:
     return functools.partial(F.linear, weight=weight), sys.maxsize
 
 
+@dataclass(frozen=True, slots=True)
+class _Native:
+    """What csrc/llama_layers.cpp takes of the weights: every linear a 4-bit q4_linear."""
+
+    norms: list[torch.Tensor]  # per layer: input, post-attention
+    packed: list[torch.Tensor]  # per layer: qkv, o, gate_up, down
+    pairs: list[torch.Tensor]
+    out_rows: list[int]
+    shape: list[int]  # H, Hkv, D
+    eps: float
+
+
 class FlatLayers:
     """LlamaModel's layer loop for steps of at most max_rows tokens (run())."""
 
-    def __init__(self, layers: list[_Layer], max_rows: int) -> None:
+    def __init__(self, layers: list[_Layer], max_rows: int, native: _Native | None) -> None:
         self.layers = layers
         self.max_rows = max_rows
+        # The whole loop in one C++ call (csrc/llama_layers.cpp) where the step allows it.
+        self.native = native
+        self._caches: tuple[PagedKVCache, list[list[torch.Tensor]] | None] | None = None
 
     @classmethod
     def of(cls, model: nn.Module) -> FlatLayers | None:
@@ -94,7 +112,9 @@ class FlatLayers:
                     down,
                 )  # fmt: skip
             )
-        return cls(layers, max_rows) if layers and max_rows > 0 else None
+        if not layers or max_rows <= 0:
+            return None
+        return cls(layers, max_rows, _native(model.layers))
 
     def run(
         self,
@@ -106,6 +126,10 @@ class FlatLayers:
         """LlamaDecoderLayer.forward of each layer in turn from the embedded x [T, d]: the last
         layer's MLP output and the residual stream (the caller adds and norms them)."""
         backend = attn.backend
+        if self.native is not None and _native_step(backend, attn):
+            views = self._native_caches(cache)
+            if views is not None:
+                return self._run_native(x, rotary, attn, views)
         tokens = x.shape[0]
         residual = x
         for n, layer in enumerate(self.layers):
@@ -120,6 +144,77 @@ class FlatLayers:
             h = backend.add_rms_norm(h, residual, layer.post_norm, layer.eps)
             x = layer.down(backend.silu_mul(layer.gate_up(h)))
         return x, residual
+
+    def _native_caches(self, cache: PagedKVCache) -> list[list[torch.Tensor]] | None:
+        """[k_flat, v_flat, k_cache, v_cache], each a list over the layers, for a float32
+        cache (the runner's: made once); None for another (int8, bfloat16)."""
+        if self._caches is None or self._caches[0] is not cache:
+            views = [
+                cache.flat_layer(layer.index) + cache.layer(layer.index) for layer in self.layers
+            ]
+            usable = not cache.quantized and views[0][0].dtype == torch.float32
+            kinds = [list(kind) for kind in zip(*views, strict=True)] if usable else None
+            self._caches = (cache, kinds)
+        return self._caches[1]
+
+    def _run_native(
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        attn: StepAttention,
+        views: list[list[torch.Tensor]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        native, meta = self.native, attn.groups[0]
+        assert native is not None
+        k_flat, v_flat, k_cache, v_cache = views
+        backend = attn.backend
+        return torch.ops.layerserve.llama_layers(
+            x, native.norms, native.packed, native.pairs, native.out_rows, *rotary, k_flat,
+            v_flat, k_cache, v_cache, meta.slot_mapping, meta.query_start,
+            meta.context_lens_device, meta.block_tables, native.shape, native.eps,
+            1.0 / math.sqrt(native.shape[2]), backend.avx512_bf16,
+        )  # fmt: skip
+
+
+def _native(decoder_layers: nn.ModuleList) -> _Native | None:
+    """The C++ loop's weight arguments, where every linear is 4-bit through q4_linear at any
+    row count and the norms float32 with one eps; else None."""
+    if not _library_has("llama_layers"):
+        return None
+    norms, packed, pairs, out_rows = [], [], [], []
+    eps = {layer.eps for layer in decoder_layers}
+    for layer in decoder_layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for weight in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            if not isinstance(weight, Int4Weight) or weight.op_rows != sys.maxsize:
+                return None
+            packed.append(weight.packed)
+            pairs.append(weight.pairs)
+            out_rows.append(weight.out_features)
+        norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+    if len(eps) != 1 or any(norm.dtype != torch.float32 for norm in norms):
+        return None
+    first = decoder_layers[0].self_attn
+    shape = [first.num_heads, first.num_kv_heads, first.head_dim]
+    return _Native(norms, packed, pairs, out_rows, shape, eps.pop())
+
+
+def _native_step(backend, attn: StepAttention) -> bool:
+    """Whether this step is one the C++ loop does as the Python one would: the CPU
+    extension's backend with its own metadata, one KV cache group."""
+    return (
+        isinstance(backend, CpuAttention)
+        and len(attn.groups) == 1
+        and attn.groups[0].context_lens_device is not None
+    )
+
+
+def _library_has(name: str) -> bool:
+    try:
+        getattr(torch.ops.layerserve, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
 def _hooked(module: nn.Module) -> bool:

@@ -10,8 +10,10 @@ import dataclasses
 import pytest
 import torch
 
-from services.worker.layers.attention import StepAttention
-from services.worker.layers.attention_backends import choose_attention_backend, torch_backend
+from services.worker.layers import cpu_attention_ext
+from services.worker.layers.attention import TORCH, StepAttention
+from services.worker.layers.attention_backends import choose_attention_backend
+from services.worker.layers.cpu_attention import CpuAttention
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.flat_layers import FlatLayers
 from services.worker.model.loader import LoadedModel
@@ -54,17 +56,21 @@ def _steps(loaded: LoadedModel, backend, flat: FlatLayers | None) -> list[torch.
 
 @pytest.mark.parametrize("kernels", ["auto", "torch"])
 def test_the_flat_loop_gives_the_module_trees_bits(served: LoadedModel, kernels: str) -> None:
-    backend = (
-        choose_attention_backend("auto", CPU, served.config.head_dim)
-        if kernels == "auto"
-        else torch_backend()
-    )
+    # auto: the worker's (the C++ extension where built: the loop in C++); torch: torch ops
+    # alone (the loop in Python)
+    backend = choose_attention_backend("auto", CPU, served.config.head_dim)
+    if kernels == "torch":
+        backend = TORCH
     flat = FlatLayers.of(served.model)
     assert flat is not None
     expected = _steps(served, backend, None)
     got = _steps(served, backend, flat)
     for step, (e, g) in enumerate(zip(expected, got, strict=True)):
         assert torch.equal(e, g), f"step {step}: max diff {(e - g).abs().max()}"
+    # With the extension, the CPU backend's steps ran the C++ loop (csrc/llama_layers.cpp)
+    native = isinstance(backend, CpuAttention) and flat.native is not None
+    assert native == (kernels == "auto" and cpu_attention_ext.load())
+    assert (flat._caches is not None) == native
 
 
 def test_a_hooked_layer_or_another_model_is_not_flattened(served: LoadedModel) -> None:
@@ -86,7 +92,7 @@ def test_a_step_beyond_max_rows_takes_the_module_tree() -> None:
     flat.max_rows = 0  # every step too large: run() must not be reached
     flat.run = None  # type: ignore[method-assign]
     cache = PagedKVCache(tiny.config, 4, BLOCK, torch.float32, tiny.model.embed_tokens.device)
-    attn = StepAttention.build([3], [3], [[[0]]], BLOCK, cache._buffer.device, torch_backend())
+    attn = StepAttention.build([3], [3], [[[0]]], BLOCK, cache._buffer.device, TORCH)
     ids = torch.tensor([1, 2, 3], device=cache._buffer.device)
     hidden = tiny.model(ids, attn.positions, attn, cache, flat=flat)
     assert hidden.shape == (3, tiny.config.hidden_size)
