@@ -1,11 +1,12 @@
-"""Shared, session-scoped fixtures: the default model is loaded (dequantized) once.
+"""Shared, session-scoped fixtures: the default model is loaded (dequantized) once; and every
+test here runs its torch ops on one thread unless it asks for more.
 
 The loaders are imported inside the fixtures: the GPU check runs tests in this directory
 where gguf (which they import) is not installed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -19,6 +20,22 @@ from tests.reference_models import default_model
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """The in-process engine and reference runs on one torch thread, as greedy_generate's
+    reference already does: on two cores shared with anything else (a CI run's idle stacks,
+    other processes), a second OpenMP thread waits for a core at every op's barrier. Measured
+    on a busy 2-core box: test_preemption_engine's two engine runs took 51 s of CPU on two
+    threads, 4.5 s on one. The kernel tests that check several threads set them themselves;
+    the stacks' workers (tests/e2e, tests/reliability) serve with the worker's own thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
