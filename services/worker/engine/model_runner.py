@@ -224,6 +224,11 @@ class ModelRunner:
                 self._graphs.capture()
 
     @property
+    def flat_layers(self) -> FlatLayers | None:
+        """The flat layer loop small steps run through (None: the module tree only)."""
+        return self._flat
+
+    @property
     def kernels(self) -> str:
         """Who runs attention and KV cache writes: "triton" or "torch"."""
         return self._backend.name
