@@ -1,6 +1,7 @@
 """CPU attention in place vs the torch path's gather (issue 18), and with bf16 KV the
 AVX512-BF16 passes vs issue 18's widening ones (issue 29), side by side in one run; int8 KV
-(float32 compute, --kv-cache-dtype int8) reads a quarter of float32's bytes.
+(--kv-cache-dtype int8 under float32 compute, bf16+int8 under bfloat16) reads a quarter of
+float32's bytes.
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.cpu_attention [--threads 1] [--repeats 5]
 
@@ -42,6 +43,7 @@ DTYPES = {
     "fp32": (torch.float32, torch.float32),
     "bf16": (torch.bfloat16, torch.bfloat16),
     "int8": (torch.float32, torch.int8),
+    "bf16+int8": (torch.bfloat16, torch.int8),  # a bfloat16 model over an int8 cache
 }
 # name -> (new tokens, context) per sequence
 LAYER_CASES: dict[str, list[tuple[int, int]]] = {
