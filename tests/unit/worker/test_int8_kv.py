@@ -115,23 +115,23 @@ def test_int8_cache_counts_its_scales() -> None:
 STEP = [(1, 40), (1, 17), (23, 23), (1, 1), (9, 50)]
 
 
-def _step(window: int | None, seed: int = 0, dim: int = DIM):
+def _step(window: int | None, seed: int = 0, dim: int = DIM, block: int = BLOCK):
     """The STEP's keys and values written into an int8 cache and a float32 one (the same float
     values), their blocks scattered; q, and what the extension and both references give."""
     query_lens, contexts = [q for q, _ in STEP], [c for _, c in STEP]
-    needed = [-(-c // BLOCK) for c in contexts]
+    needed = [-(-c // block) for c in contexts]
     order = torch.randperm(sum(needed), generator=torch.Generator().manual_seed(seed)) + 1
     tables = [order[sum(needed[:i]) : sum(needed[: i + 1])].tolist() for i in range(len(STEP))]
-    int8 = PagedKVCache(_Shape(dim), sum(needed) + 1, BLOCK, torch.int8, CPU)
-    wide = PagedKVCache(_Shape(dim), sum(needed) + 1, BLOCK, torch.float32, CPU)
+    int8 = PagedKVCache(_Shape(dim), sum(needed) + 1, block, torch.int8, CPU)
+    wide = PagedKVCache(_Shape(dim), sum(needed) + 1, block, torch.float32, CPU)
     pairs = zip(tables, contexts, strict=True)
-    slots = torch.tensor([t[p // BLOCK] * BLOCK + p % BLOCK for t, c in pairs for p in range(c)])
+    slots = torch.tensor([t[p // block] * block + p % block for t, c in pairs for p in range(c)])
     k, v = _kv(len(slots), torch.float32, seed, dim)
     int8.write(0, k, v, slots)
     wide.write(0, k, v, slots)
     q = torch.randn(sum(query_lens), HEADS, dim, generator=torch.Generator().manual_seed(seed))
-    native = CpuAttention().metadata(query_lens, contexts, tables, BLOCK, CPU)
-    torch_meta = TorchAttention().metadata(query_lens, contexts, tables, BLOCK, CPU)
+    native = CpuAttention().metadata(query_lens, contexts, tables, block, CPU)
+    torch_meta = TorchAttention().metadata(query_lens, contexts, tables, block, CPU)
     out = CpuAttention().paged_attention(q, int8.layer(0), native, window)
     dequantized = TorchAttention().paged_attention(q, int8.layer(0), torch_meta, window)
     exact = TorchAttention().paged_attention(q, wide.layer(0), torch_meta, window)
@@ -140,8 +140,9 @@ def _step(window: int | None, seed: int = 0, dim: int = DIM):
 
 @pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("dim", [DIM, 32])  # 32: not whole registers' 64, widened a block at a time
-def test_int8_attention_reads_what_was_quantized(window: int | None, dim: int) -> None:
-    _, _, out, dequantized, _, _ = _step(window, dim=dim)
+@pytest.mark.parametrize("block", [BLOCK, 4])  # 4: each chunk of 16 keys spans 4 blocks
+def test_int8_attention_reads_what_was_quantized(window: int | None, dim: int, block: int) -> None:
+    _, _, out, dequantized, _, _ = _step(window, dim=dim, block=block)
     torch.testing.assert_close(out, dequantized, atol=2e-5, rtol=1e-5)
 
 
