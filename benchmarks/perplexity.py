@@ -3,7 +3,7 @@ vendored text (issue 29: "Quality per format measured against the float referenc
 top-1 agreement) and recorded").
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.perplexity [--models smollm2 gemma3]
-        [--window 512] [--stride 256] [--threads 1] [--quick] [--json]
+        [--window 512] [--stride 256] [--chunk 16] [--threads 1] [--quick] [--json]
 
 The text is benchmarks/data/constitution.txt (the US Constitution, public domain; provenance in
 constitution.md beside it), 5,779 SmolLM2 tokens, read teacher-forced in windows of --window
@@ -13,10 +13,15 @@ least window - stride tokens of context (256 of 512 by default). A window starts
 the model's tokenizer adds one, as a served prompt does.
 
 The forward is the worker's: the model class load_model builds at --dtype, the weights
-quantize_loaded makes for --quantization (with their kernels: the C++ 4-bit op or
-dequantize-then-GEMM by rows, as served), the attention backend "auto" picks, and a paged KV
-cache in the model's KV cache groups. A window is one prefill step, as the scheduler's default
-1024-token chunk makes a 512-token prompt.
+quantize_loaded makes for --quantization, the attention backend "auto" picks, and a paged KV
+cache in the model's KV cache groups. A window is prefilled in steps of --chunk tokens (the
+scheduler's chunked prefill), and the output head scores --chunk rows a call. The quantized
+weights pick their kernel by the rows of a call (the C++ 4-bit op up to 256 rows, the Q8_0 op
+up to 16, dequantize-then-GEMM above), so the chunk decides which kernels the figures speak
+for: 16, the default, runs every product through the kernels a decode batch of up to 16
+sequences runs, the ones that compute every generated token; 512 (one step per window, as the
+scheduler's default 1024-token chunk prefills a 512-token prompt) runs the 4-bit weights as
+dequantize-then-GEMM, the float32 reference's very GEMM on the same values.
 
 Per setting, over the scored tokens: perplexity (exp of the mean NLL of the text's next token),
 that mean NLL, how often the argmax is the text's token, top-1 agreement (the argmax equal to
@@ -25,8 +30,10 @@ largest |difference| between the setting's and the reference's logprob of the te
 
 No float (unquantized) checkpoint ships for either model: the float reference is float32 dense,
 the GGUF's stored values dequantized to float32. The kept 4-bit settings compute with those very
-values; int8 and int4 re-quantize the dequantized floats (a second rounding). int8 and int4 run
-on float32 activations, what --dtype auto gives them on a CPU without native bfloat16."""
+values; int8 and int4 re-quantize the dequantized floats (a second rounding, except that int4's
+min/max per 32 columns lands back on Q4_1's own grid: SmolLM2's file values again). int8 and
+int4 run on float32 activations, what --dtype auto gives them on a CPU without native
+bfloat16."""
 
 from __future__ import annotations
 
@@ -53,7 +60,8 @@ from services.worker.model.quant import quantize_loaded, weight_bytes
 TEXT = Path(__file__).parent / "data" / "constitution.txt"
 CPU = torch.device("cpu")
 BLOCK_SIZE = 16  # the worker's default
-LOGIT_ROWS = 256  # positions per output-head pass: Gemma's [256, 262144] float32 is 268 MB
+LOGIT_ROWS = 256  # at most, positions per output-head pass: Gemma's [256, V] float32 is 268 MB
+DECODE_CHUNK = 16  # rows a call at most where every quantized kernel is its decode one
 # --quick: the text's first tokens in short windows, for tests (seconds, not minutes).
 QUICK_TOKENS, QUICK_WINDOW, QUICK_STRIDE = 320, 128, 64
 
@@ -126,8 +134,8 @@ class Scores:
 
 
 class WindowForward:
-    """One setting's model run as the worker runs a prompt: one prefill step of a window
-    through the paged KV cache (rewritten from block 0 for every window)."""
+    """One setting's model run as the worker runs a prompt: a window prefilled through the
+    paged KV cache (rewritten from block 0 for every window)."""
 
     def __init__(self, loaded: LoadedModel, max_len: int) -> None:
         self.model = loaded.model
@@ -141,12 +149,18 @@ class WindowForward:
         self.backend = choose_attention_backend("auto", CPU, config.head_dim)
 
     @torch.inference_mode()
-    def hidden(self, ids: list[int]) -> torch.Tensor:
-        """The final hidden states [T, d] of every position of `ids`."""
-        n, blocks = len(ids), -(-len(ids) // BLOCK_SIZE)
-        tables = [[table[:blocks]] for table in self.tables]
-        attn = StepAttention.build([n], [n], tables, BLOCK_SIZE, CPU, self.backend)
-        return self.model(torch.tensor(ids), attn.positions, attn, self.cache)
+    def hidden(self, ids: list[int], chunk: int) -> torch.Tensor:
+        """The final hidden states [T, d] of every position of `ids`, prefilled `chunk` tokens
+        a step: each step attends to the steps before it through the cache."""
+        out = []
+        for start in range(0, len(ids), chunk):
+            n = min(chunk, len(ids) - start)
+            blocks = -(-(start + n) // BLOCK_SIZE)
+            tables = [[table[:blocks]] for table in self.tables]
+            attn = StepAttention.build([n], [start + n], tables, BLOCK_SIZE, CPU, self.backend)
+            tokens = torch.tensor(ids[start : start + n])
+            out.append(self.model(tokens, attn.positions, attn, self.cache))
+        return torch.cat(out)
 
     @torch.inference_mode()
     def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -181,6 +195,7 @@ def measure(
     bos: list[int],
     window: int,
     stride: int,
+    chunk: int = DECODE_CHUNK,
 ) -> list[Scores]:
     """Scores of each (setting, label) over `text`, the first setting the reference. Every
     model stays loaded: each window runs through all of them, so the reference's full
@@ -193,17 +208,18 @@ def measure(
     spans = windows(len(text), window, stride)
     for done, (begin, end, first) in enumerate(spans):
         print(f"{path.name}: window {done + 1}/{len(spans)}", file=sys.stderr, flush=True)
-        hiddens = [run.hidden(bos + text[begin:end]) for run in runs]
+        hiddens = [run.hidden(bos + text[begin:end], chunk) for run in runs]
         # Row r of the window's input (BOS first, if any) predicts text token begin + r + 1
         # - len(bos): the rows that predict tokens [first, end).
         rows = torch.arange(first, end) - begin - 1 + len(bos)
         targets = torch.tensor(text[first:end])
-        for chunk in range(0, len(rows), LOGIT_ROWS):
-            part = rows[chunk : chunk + LOGIT_ROWS]
+        per_pass = min(chunk, LOGIT_ROWS)
+        for at in range(0, len(rows), per_pass):
+            part = rows[at : at + per_pass]
             reference = runs[0].logprobs(hiddens[0][part])
             for i, (run, hidden, score) in enumerate(zip(runs, hiddens, scores, strict=True)):
                 logprobs = reference if i == 0 else run.logprobs(hidden[part])
-                score.add(logprobs, reference, targets[chunk : chunk + LOGIT_ROWS])
+                score.add(logprobs, reference, targets[at : at + per_pass])
     return scores
 
 
@@ -230,7 +246,8 @@ def table(model: str, path: Path, tokens: int, rows: list[dict]) -> str:
         lines.append(
             f"| {r['label']} | {r['weight_bytes'] / 2**20:.0f} MiB | {r['perplexity']:.3f} "
             f"| {change:+.2%} | {r['mean_nll']:.4f} | {r['text_top1']:.1%} "
-            f"| {r['top1_agreement']:.2%} | {r['mean_kl']:.4f} | {r['max_logprob_diff']:.3f} |"
+            # .2g: the decode kernels' rounding (1e-10 nats) must not print as the reference's 0
+            f"| {r['top1_agreement']:.2%} | {r['mean_kl']:.2g} | {r['max_logprob_diff']:.2g} |"
         )
     return "\n".join(lines)
 
@@ -240,6 +257,12 @@ def main() -> None:
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["smollm2", "gemma3"])
     p.add_argument("--window", type=int, default=512, help="tokens a window reads")
     p.add_argument("--stride", type=int, default=256, help="tokens between window starts")
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=DECODE_CHUNK,
+        help="tokens a prefill step and rows an output-head call (16: the decode kernels)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument(
         "--quick",
@@ -254,6 +277,7 @@ def main() -> None:
         "text": TEXT.name,
         "window": window,
         "stride": stride,
+        "chunk": args.chunk,
         "threads": args.threads,
         # Without the C++ extension the worker attends with torch ops and a float32 model's
         # 4-bit weights compute with int4pack (bfloat16 zeros): other numbers than served.
@@ -266,7 +290,7 @@ def main() -> None:
         find_path, settings = MODELS[model]
         path = find_path()
         text, bos = text_tokens(path, args.quick)
-        scores = measure(path, list(settings), text, bos, window, stride)
+        scores = measure(path, list(settings), text, bos, window, stride, args.chunk)
         rows = [score.summary() for score in scores]
         report["models"][model] = {"file": path.name, "tokens": len(text), "settings": rows}
         if not args.json:
@@ -276,7 +300,8 @@ def main() -> None:
         print(json.dumps(report, indent=2))
     else:
         print(
-            f"windows of {window} tokens every {stride}; {args.threads} thread(s); C++ extension "
+            f"windows of {window} tokens every {stride}, prefilled {args.chunk} a step; "
+            f"{args.threads} thread(s); C++ extension "
             f"{'built' if report['cpp_extension'] else 'NOT built (not the served kernels)'}; "
             f"load average {report['load_average_start']} at the start; {report['seconds']} s"
         )

@@ -65,4 +65,4 @@ def test_quick_perplexity_of_the_cpu_default_matches_the_float_reference() -> No
     lines = perplexity.table("smollm2", path, len(text), [reference, kept]).splitlines()
     assert "no float checkpoint ships" in lines[0]
     assert lines[4].startswith("| reference | ") and "| +0.00% |" in lines[4]
-    assert "| 100.00% | 0.0000 | 0.000 |" in lines[4] and lines[5].startswith("| kept 4-bit | ")
+    assert lines[4].endswith("| 100.00% | 0 | 0 |") and lines[5].startswith("| kept 4-bit | ")
