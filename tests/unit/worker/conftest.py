@@ -6,6 +6,8 @@ where gguf (which they import) is not installed."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -41,6 +43,16 @@ def _one_torch_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def smollm() -> LoadedModel:
     return default_model()  # the e2e references' too: one load a session
+
+
+@pytest.fixture(scope="session")
+def smollm_gguf(smollm: LoadedModel) -> LoadedModel:
+    """The session's float32 SmolLM2, copied, under --quantization gguf (its Q4_1 weights and
+    Q8_0 table kept as the file stores them): built once for test_quant_gguf.py and
+    test_q8_0_weight.py (6-8 s each on a 2-core box). A test that changes it puts it back."""
+    from services.worker.model.quant import quantize_loaded
+
+    return quantize_loaded(dataclasses.replace(smollm, model=copy.deepcopy(smollm.model)), "gguf")
 
 
 @pytest.fixture(scope="session")

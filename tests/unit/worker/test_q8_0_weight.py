@@ -6,8 +6,6 @@ with the same greedy text as with the table in float32."""
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +16,7 @@ from torch import nn
 from services.worker.layers.gguf_quant import GroupQuant
 from services.worker.layers.q8_0_weight import Q8_0Weight, q8_0_op_available
 from services.worker.model.loader import LoadedModel
-from services.worker.model.quant import quantize_loaded, weight_bytes
+from services.worker.model.quant import weight_bytes
 from tests.unit.worker.test_quant import PROMPTS, _greedy
 
 pytestmark = pytest.mark.skipif(
@@ -52,12 +50,6 @@ def test_embedding_lookup_gives_the_dequantized_rows_exactly() -> None:
     ids = torch.tensor([[0, 299, 7], [7, 150, 3]])
     rows = torch.nn.functional.embedding(ids, weight)
     assert torch.equal(rows, weight.dequantized()[ids])
-
-
-@pytest.fixture(scope="module")
-def smollm_gguf(smollm: LoadedModel) -> LoadedModel:
-    """The session's float32 SmolLM2, copied, under --quantization gguf."""
-    return quantize_loaded(dataclasses.replace(smollm, model=copy.deepcopy(smollm.model)), "gguf")
 
 
 def test_tied_q8_0_table_is_kept_as_the_files_values_in_a_quarter_of_the_bytes(

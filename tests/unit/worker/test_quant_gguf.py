@@ -21,12 +21,6 @@ from tests.unit.worker.test_quant import NEW_TOKENS, PROMPTS, _greedy, _prefix
 MIN_PREFIX_AGREEMENT = 0.9
 
 
-@pytest.fixture(scope="module")
-def smollm_gguf(smollm: LoadedModel) -> LoadedModel:
-    """The session's float32 SmolLM2, copied, its Q4_1 weights kept as the file has them."""
-    return quantize_loaded(dataclasses.replace(smollm, model=copy.deepcopy(smollm.model)), "gguf")
-
-
 def test_q4_1_linears_are_kept_4_bit_and_stand_for_the_files_weights(
     smollm: LoadedModel, smollm_gguf: LoadedModel
 ) -> None:
