@@ -198,6 +198,13 @@ def main() -> None:
     parser.add_argument("--dtypes", default="fp32,bf16,int8", help="of " + ",".join(DTYPES))
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     parser.add_argument("--skip-steps", action="store_true", help="per-layer table only")
+    parser.add_argument(
+        "--weights",
+        choices=("dense", "gguf"),
+        default="dense",
+        help="the step's linears: dense float weights, or the file's 4-bit kept (the CPU "
+        "default's; float32 compute only)",
+    )
     args = parser.parse_args()
     if not cpu_attention_ext.load():
         raise SystemExit(
@@ -223,17 +230,21 @@ def main() -> None:
             print(layer_row(name, seqs, dtypes_name, args.repeats), flush=True)
     if args.skip_steps:
         return
-    print("\nSmolLM2 decode step (forward + logits, ms), attention inside it:\n")
+    weights = f"{args.weights} weights"
+    print(f"\nSmolLM2 decode step (forward + logits, ms, {weights}), attention inside it:\n")
     print("| case | dtype | step, torch | attention, torch | step, widened | attention, "
           "widened | step, in place | attention, in place | step speed-up |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     from services.worker.model.loader import default_path, load_model
+    from services.worker.model.quant import quantize_loaded
 
     models = {}  # compute dtype -> the model loaded in it (fp32 and int8 share one)
     for dtypes_name in dtypes:
         dtype = DTYPES[dtypes_name][0]
         if dtype not in models:
             models[dtype] = load_model(default_path(), dtype=dtype, device=torch.device("cpu"))
+            if args.weights == "gguf" and dtype == torch.float32:
+                models[dtype] = quantize_loaded(models[dtype], "gguf")
         for name, (batch, context) in STEP_CASES.items():
             row = step_row(name, batch, context, models[dtype], dtypes_name, args.repeats)
             print(row, flush=True)

@@ -14,7 +14,12 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from services.worker.layers.gguf_quant import GroupQuant
-from services.worker.layers.q8_0_weight import Q8_0Weight, q8_0_op_available
+from services.worker.layers.q8_0_weight import (
+    DEQUANTIZED_SLICE_ROWS,
+    Q8_0_OP_MAX_ROWS,
+    Q8_0Weight,
+    q8_0_op_available,
+)
 from services.worker.model.loader import LoadedModel
 from services.worker.model.quant import weight_bytes
 from tests.unit.worker.test_quant import PROMPTS, _greedy
@@ -42,6 +47,20 @@ def test_head_matmul_equals_the_float_weights_up_to_summation_order(rows: int, c
     assert got.dtype == torch.float32 and got.shape == (rows, 300)
     # float32 sums of `cols` products, each |x * w| small: a few ulps of the magnitudes summed
     bound = (x.double().abs() @ weight.dequantized().double().abs().T) * cols * 2**-24
+    assert torch.all((got.double() - expected).abs() <= bound)
+
+
+@pytest.mark.parametrize("rows", [Q8_0_OP_MAX_ROWS + 1, 70])
+def test_many_rows_take_dequantized_slices_and_equal_the_float_weights(rows: int) -> None:
+    """Above the op's rows, BLAS on the weight dequantized slice by slice (a last slice
+    shorter): the float weights' own GEMM, slice by slice."""
+    out_rows = 2 * DEQUANTIZED_SLICE_ROWS + 77
+    weight = _random_q8_0(out_rows, 96)
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(2))
+    got = torch.nn.functional.linear(x, weight)
+    expected = x.double() @ weight.dequantized().double().T
+    assert got.shape == (rows, out_rows)
+    bound = (x.double().abs() @ weight.dequantized().double().abs().T) * 96 * 2**-24
     assert torch.all((got.double() - expected).abs() <= bound)
 
 
