@@ -4,9 +4,6 @@ and stands aside where it would not: a hooked layer, another model."""
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-
 import pytest
 import torch
 
@@ -17,17 +14,16 @@ from services.worker.layers.cpu_attention import CpuAttention
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.flat_layers import FlatLayers
 from services.worker.model.loader import LoadedModel
-from services.worker.model.quant import quantize_loaded
 from tests.unit.worker.tiny_model import random_tiny
 
 BLOCK = 16
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def served(smollm: LoadedModel) -> LoadedModel:
-    """The session's float32 SmolLM2, copied, its Q4_1 weights kept: the CPU default."""
-    return quantize_loaded(dataclasses.replace(smollm, model=copy.deepcopy(smollm.model)), "gguf")
+@pytest.fixture
+def served(smollm_gguf: LoadedModel) -> LoadedModel:
+    """The session's SmolLM2 with its Q4_1 weights kept (conftest): the CPU default."""
+    return smollm_gguf
 
 
 def _steps(loaded: LoadedModel, backend, flat: FlatLayers | None) -> list[torch.Tensor]:
