@@ -78,7 +78,8 @@ class ModelRunner:
         # Steps within its max_rows (decoding) run a Llama model's layers as one flat loop: the
         # same ops without the module tree's Python frames (model/flat_layers.py). None: every
         # step through the modules (another model, or hooked layers: tensor parallelism).
-        self._flat = FlatLayers.of(loaded.model)
+        flat_loop = getattr(loaded.model, "flat_loop", None)  # Llama models have one
+        self._flat = flat_loop() if flat_loop is not None else None
         self._cache = kv_cache
         self._sampler = Sampler()
         self._structured = structured_decoder(loaded)  # constrained rows' grammars and masks

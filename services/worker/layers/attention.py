@@ -109,23 +109,6 @@ class AttentionBackend(Protocol):
 TORCH: AttentionBackend = TorchAttention()  # the reference: models' default, tests' baseline
 
 
-def rope_then_write_kv(
-    backend: AttentionBackend,
-    cache: PagedKVCache,
-    layer: int,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rotary: tuple[torch.Tensor, torch.Tensor],
-    attn: AttentionMetadata,
-) -> torch.Tensor:
-    """AttentionBackend.rope_write_kv as its two steps, backend.apply_rope then backend.write_kv:
-    what a backend without a fused op does. Returns q rotated."""
-    q, k = backend.apply_rope(q, k, attn.positions, rotary)
-    backend.write_kv(cache, layer, k, v, attn)
-    return q
-
-
 @dataclass(frozen=True, slots=True)
 class StepAttention:
     """One step's layout as every KV cache group (kv_cache.py) sees it: the same sequences and

@@ -6,6 +6,7 @@ sequences into one SDPA call and runs each prefill chunk on its own."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -101,10 +102,24 @@ class TorchAttention:
         rotary: tuple[torch.Tensor, torch.Tensor],
         attn: AttentionMetadata,
     ) -> torch.Tensor:
-        # Imported here: attention.py imports this module (its TORCH is a TorchAttention).
-        from services.worker.layers.attention import rope_then_write_kv
-
         return rope_then_write_kv(self, cache, layer, q, k, v, rotary, attn)
+
+
+def rope_then_write_kv(
+    backend: Any,
+    cache: PagedKVCache,
+    layer: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rotary: tuple[torch.Tensor, torch.Tensor],
+    attn: AttentionMetadata,
+) -> torch.Tensor:
+    """AttentionBackend.rope_write_kv (attention.py) as its two steps, backend.apply_rope then
+    backend.write_kv: what a backend without a fused op does. Returns q rotated."""
+    q, k = backend.apply_rope(q, k, attn.positions, rotary)
+    backend.write_kv(cache, layer, k, v, attn)
+    return q
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

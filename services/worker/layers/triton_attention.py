@@ -16,9 +16,9 @@ from services.worker.kernels.prefill_attention import prefill_attention
 from services.worker.kernels.rms_norm import add_rms_norm, rms_norm
 from services.worker.kernels.rope import apply_rope
 from services.worker.kernels.silu_mul import silu_mul
-from services.worker.layers.attention import rope_then_write_kv
 from services.worker.layers.attention_metadata import AttentionMetadata, lay_out
 from services.worker.layers.kv_cache import PagedKVCache
+from services.worker.layers.torch_attention import rope_then_write_kv
 
 
 class TritonAttention:

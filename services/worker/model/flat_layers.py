@@ -82,17 +82,14 @@ class FlatLayers:
         self._caches: tuple[PagedKVCache, list[list[torch.Tensor]] | None] | None = None
 
     @classmethod
-    def of(cls, model: nn.Module) -> FlatLayers | None:
-        """The flat loop over a LlamaModel's layers as they are now (it holds their weights:
-        build it once they are final, as ModelRunner does); None where it would not do what
-        they do: another model, a layer of another class, or a hook on any module of it."""
-        from services.worker.model.llama import LlamaDecoderLayer, LlamaModel  # imports this
-
-        if type(model) is not LlamaModel:
-            return None
+    def of(cls, decoder_layers: nn.ModuleList, layer_class: type) -> FlatLayers | None:
+        """The flat loop over a LlamaModel's layers as they are now (LlamaModel.flat_loop; it
+        holds their weights: build it once they are final, as ModelRunner does); None where it
+        would not do what they do: a layer not of layer_class (LlamaDecoderLayer, whose forward
+        this loop is), or a hook on any module of a layer."""
         layers, max_rows = [], sys.maxsize
-        for layer in model.layers:
-            if type(layer) is not LlamaDecoderLayer or any(_hooked(m) for m in layer.modules()):
+        for layer in decoder_layers:
+            if type(layer) is not layer_class or any(_hooked(m) for m in layer.modules()):
                 return None
             attn, mlp = layer.self_attn, layer.mlp
             linears = [direct_linear(w) for w in (attn.qkv_proj, attn.o_proj)]
@@ -116,7 +113,7 @@ class FlatLayers:
             )
         if not layers or max_rows <= 0:
             return None
-        return cls(layers, max_rows, _native(model.layers))
+        return cls(layers, max_rows, _native(decoder_layers))
 
     def run(
         self,

@@ -127,6 +127,11 @@ class LlamaModel(nn.Module):
         positions = max_positions or config.max_position_embeddings
         self.rope = RopeTables(rope_inv_freq(config), positions, device)
 
+    def flat_loop(self) -> FlatLayers | None:
+        """These layers as one flat loop (flat_layers.py) for forward()'s `flat`, built from the
+        weights as they are now; None where hooks on the layers forbid it."""
+        return FlatLayers.of(self.layers, LlamaDecoderLayer)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -138,7 +143,7 @@ class LlamaModel(nn.Module):
         """input_ids, positions: [T] (several sequences flattened) -> final-normed hidden [T, d].
 
         positions drive RoPE; attn (its slot mapping and block tables) drives the cache. flat:
-        these layers' flat loop (FlatLayers.of(self)), taken for steps within its max_rows."""
+        these layers' flat loop (flat_loop()), taken for steps within its max_rows."""
         x = F.embedding(input_ids, self.embed_tokens)  # [T, d], the residual stream's start
         rotary = attn.backend.rotary(self.rope.cos, self.rope.sin, positions, x.dtype)
         if flat is not None and x.shape[0] <= flat.max_rows:

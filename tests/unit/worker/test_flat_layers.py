@@ -57,7 +57,7 @@ def test_the_flat_loop_gives_the_module_trees_bits(served: LoadedModel, kernels:
     backend = choose_attention_backend("auto", CPU, served.config.head_dim)
     if kernels == "torch":
         backend = TORCH
-    flat = FlatLayers.of(served.model)
+    flat = served.model.flat_loop()
     assert flat is not None
     expected = _steps(served, backend, None)
     got = _steps(served, backend, flat)
@@ -73,17 +73,17 @@ def test_a_hooked_layer_or_another_model_is_not_flattened(served: LoadedModel) -
     model = served.model
     handle = model.layers[3].mlp.register_forward_hook(lambda _m, _a, out: out * 2)
     try:
-        assert FlatLayers.of(model) is None  # tensor_parallel.py's all-reduce is such a hook
+        assert model.flat_loop() is None  # tensor_parallel.py's all-reduce is such a hook
     finally:
         handle.remove()
-    assert FlatLayers.of(model) is not None
-    assert FlatLayers.of(torch.nn.Linear(2, 2)) is None
+    assert model.flat_loop() is not None
+    assert FlatLayers.of(model.layers, torch.nn.Linear) is None  # not the layers it knows
 
 
 def test_a_step_beyond_max_rows_takes_the_module_tree() -> None:
     """A prefill larger than a linear's direct call goes through the layers' own forward."""
     tiny = random_tiny(0)
-    flat = FlatLayers.of(tiny.model)
+    flat = tiny.model.flat_loop()
     assert flat is not None
     flat.max_rows = 0  # every step too large: run() must not be reached
     flat.run = None  # type: ignore[method-assign]
