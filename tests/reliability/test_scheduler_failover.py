@@ -132,8 +132,10 @@ def test_every_stream_completes_with_its_text_when_a_scheduler_dies(
 ):
     stack = start(own_stack)
     ports = stack.config.scheduler_ports
+    # each scheduler has its two workers: the stack is up once every process serves, and a
+    # scheduler's second worker may connect a moment later
+    eventually(lambda: len(workers_of(stack, ports[0])) == 2, "scheduler 0's two workers", 30)
     homed = workers_of(stack, ports[0])
-    assert len(homed) == 2, homed  # each scheduler has its two workers
 
     kill = partial(stack.kill, "scheduler0")
     results, took_s = asyncio.run(streams_through(stack, STREAMS, kill))
