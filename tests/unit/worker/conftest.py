@@ -83,3 +83,15 @@ def make_runner(smollm: LoadedModel) -> RunnerFactory:
         )
 
     return make
+
+
+@pytest.fixture(scope="session")
+def cpu_extension() -> None:
+    """The C++ CPU extension loaded: `make install` builds it; a bare checkout builds it here
+    once (cached in build/). The extension's own tests use it (pytestmark)."""
+    from services.worker.layers import cpu_attention_ext
+
+    if not cpu_attention_ext.load():
+        cpu_attention_ext.build()
+        cpu_attention_ext.load.cache_clear()
+        assert cpu_attention_ext.load()

@@ -27,13 +27,7 @@ CPU = torch.device("cpu")
 REFERENCE = TorchAttention()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def extension() -> None:
-    """`make install` builds it; a bare checkout builds it here once (cached in build/)."""
-    if not cpu_attention_ext.load():
-        cpu_attention_ext.build()
-        cpu_attention_ext.load.cache_clear()
-        assert cpu_attention_ext.load()
+pytestmark = pytest.mark.usefixtures("cpu_extension")  # conftest: built if need be
 
 
 def _config(heads: int, kv_heads: int, dim: int) -> LlamaConfig:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.layers import cpu_attention_ext, torch_ops
+from services.worker.layers import torch_ops
 from services.worker.layers.cpu_attention import CpuAttention
 from services.worker.layers.torch_attention import TorchAttention
 
@@ -18,13 +18,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 WIDTHS = [7, 64, 100, 576, 960, 2304, 5000]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def extension() -> None:
-    """`make install` builds it; a bare checkout builds it here once (cached in build/)."""
-    if not cpu_attention_ext.load():
-        cpu_attention_ext.build()
-        cpu_attention_ext.load.cache_clear()
-        assert cpu_attention_ext.load()
+pytestmark = pytest.mark.usefixtures("cpu_extension")  # conftest: built if need be
 
 
 def _rows(tokens: int, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:

@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from services.worker.layers import cpu_attention_ext
 from services.worker.layers.gguf_quant import (
     BLOCK_BYTES,
     Q4_0,
@@ -30,14 +29,7 @@ from services.worker.layers.int4_weight import (
     quantize_int4,
 )
 
-
-@pytest.fixture(scope="module", autouse=True)
-def extension() -> None:
-    """`make install` builds it; a bare checkout builds it here once (cached in build/)."""
-    if not cpu_attention_ext.load():
-        cpu_attention_ext.build()
-        cpu_attention_ext.load.cache_clear()
-        assert cpu_attention_ext.load()
+pytestmark = pytest.mark.usefixtures("cpu_extension")  # conftest: built if need be
 
 
 def _groups(out: int, cols: int, seed: int = 0, float16: bool = False) -> GroupQuant:

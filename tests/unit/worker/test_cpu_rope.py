@@ -9,18 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.layers import cpu_attention_ext, torch_ops
+from services.worker.layers import torch_ops
 from services.worker.layers.cpu_attention import CpuAttention
 from services.worker.layers.rotary import RopeTables
 
-
-@pytest.fixture(scope="module", autouse=True)
-def extension() -> None:
-    """`make install` builds it; a bare checkout builds it here once (cached in build/)."""
-    if not cpu_attention_ext.load():
-        cpu_attention_ext.build()
-        cpu_attention_ext.load.cache_clear()
-        assert cpu_attention_ext.load()
+pytestmark = pytest.mark.usefixtures("cpu_extension")  # conftest: built if need be
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.layers import cpu_attention_ext
 from services.worker.layers.cpu_attention import CpuAttention
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.layers.torch_attention import TorchAttention
@@ -16,13 +15,7 @@ from services.worker.layers.torch_attention import TorchAttention
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def extension() -> None:
-    """`make install` builds it; a bare checkout builds it here once (cached in build/)."""
-    if not cpu_attention_ext.load():
-        cpu_attention_ext.build()
-        cpu_attention_ext.load.cache_clear()
-        assert cpu_attention_ext.load()
+pytestmark = pytest.mark.usefixtures("cpu_extension")  # conftest: built if need be
 
 
 class _Shape:

@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from services.worker.layers import cpu_attention_ext
 from services.worker.layers.cpu_attention import CpuAttention
 from services.worker.layers.kv_cache import (
     PagedKVCache,
@@ -24,13 +23,7 @@ HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def extension() -> None:
-    """`make install` builds it; a bare checkout builds it here once (cached in build/)."""
-    if not cpu_attention_ext.load():
-        cpu_attention_ext.build()
-        cpu_attention_ext.load.cache_clear()
-        assert cpu_attention_ext.load()
+pytestmark = pytest.mark.usefixtures("cpu_extension")  # conftest: built if need be
 
 
 class _Shape:
