@@ -6,55 +6,81 @@ accepted, one writing freely almost none; a step of one sequence on a GPU comput
 tokens for nothing, while on a CPU, or with 64 sequences, each token costs its share. So the
 Speculator weighs them step by step:
 
-- StepCost learns what a step costs: seconds as a line in its tokens, t = a + b T, fitted to
-  the steps timed so far (least squares, older steps weighing less). Where the steps' sizes
-  spread too little to tell a slope, b leans toward 0 (proposals look free): speculation then
-  goes on, and its steps show the slope again.
+- StepCost learns what a step costs: the seconds of a step of T tokens, a running mean for each
+  T the scheduler has timed, read between those by straight lines. A step's cost is not one
+  line in T: on a CPU a second row of a 4-bit matmul is nearly free and a third is not (the
+  kernel tiles rows), so each T keeps its own mean. A T above every one timed costs what the
+  last two timed say per token, or, with one timed, nothing more (proposals look free: their
+  steps are then timed). A mean not refreshed for STALE_STEPS steps is dropped, so that a cost
+  measured while the machine was busier does not keep proposals off for ever.
 - Acceptance: a request's chance that a proposal is accepted, from its recent steps, leaning
   toward the worker's overall rate while it has few.
 - choose(): the j-th proposal of a request with acceptance p counts only if the j - 1 before it
   were accepted: it is worth p^j expected tokens. Proposals are taken best first while each
   raises the step's expected tokens per second: with E tokens expected from T tokens computed,
-  one worth g is taken when (E + g) / t(T + 1) > E / t(T), i.e. g t(T) > E b.
+  one worth g is taken when (E + g) / t(T + 1) > E / t(T), i.e. g t(T) > E (t(T + 1) - t(T)).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
 class StepCost:
-    """Seconds per step as a + b x tokens, fitted to recent steps."""
+    """Seconds a step of T tokens takes: a running mean per T timed, straight lines between."""
 
-    # Each step timed weighs `decay` times the one after it (about the last 50 steps count).
-    decay: float = 0.98
-    # Pulls the slope toward 0 as this many tokens' squared spread would: with steps of a
-    # spread of a few tokens the data decides, with none the slope fades to 0.
-    ridge: float = 8.0
-    # Weighted sums over the steps timed: count, tokens, tokens^2, seconds, tokens x seconds.
-    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)
+    # A new timing's weight in its T's mean once that T has been timed 1 / WEIGHT times (the
+    # first ones are averaged plainly): about the last 10 steps of each size count.
+    WEIGHT = 0.1
+    # Steps timed after which a size not timed since is forgotten (see the module docstring).
+    STALE_STEPS = 500
+
+    _means: dict[int, float] = field(default_factory=dict)
+    _counts: dict[int, int] = field(default_factory=dict)
+    _last: dict[int, int] = field(default_factory=dict)  # the step count when T was last timed
+    _steps: int = 0
+    _sizes: list[int] = field(default_factory=list)  # the T timed, ascending
 
     def record(self, tokens: int, seconds: float) -> None:
-        n, st, stt, sy, sty = (value * self.decay for value in self._sums)
-        self._sums = [
-            n + 1,
-            st + tokens,
-            stt + tokens * tokens,
-            sy + seconds,
-            sty + tokens * seconds,
-        ]
+        self._steps += 1
+        count = self._counts.get(tokens, 0) + 1
+        mean = self._means.get(tokens, seconds)
+        self._means[tokens] = mean + (seconds - mean) * max(1.0 / count, self.WEIGHT)
+        self._counts[tokens] = count
+        self._last[tokens] = self._steps
+        if count == 1:
+            bisect.insort(self._sizes, tokens)
+        if self._steps % 64 == 0:
+            self._forget_stale()
 
-    def line(self) -> tuple[float, float]:
-        """(a, b): the fixed seconds of a step and the seconds each token adds (0, 0 before any
-        step is timed). Neither is negative."""
-        n, st, stt, sy, sty = self._sums
-        if n == 0:
-            return 0.0, 0.0
-        slope = (n * sty - st * sy) / (n * stt - st * st + self.ridge * n)
-        b = max(0.0, slope)
-        return max(0.0, (sy - b * st) / n), b
+    def _forget_stale(self) -> None:
+        stale = [t for t in self._sizes if self._steps - self._last[t] > self.STALE_STEPS]
+        for tokens in stale:
+            del self._means[tokens], self._counts[tokens], self._last[tokens]
+        self._sizes = [t for t in self._sizes if t in self._means]
+
+    def seconds(self, tokens: int) -> float:
+        """A step of `tokens` tokens' expected seconds (0 before any step is timed)."""
+        sizes, means = self._sizes, self._means
+        if not sizes:
+            return 0.0
+        if tokens in means:
+            return means[tokens]
+        i = bisect.bisect(sizes, tokens)
+        if 0 < i < len(sizes):  # between two sizes timed
+            lo, hi = sizes[i - 1], sizes[i]
+            return means[lo] + (means[hi] - means[lo]) * (tokens - lo) / (hi - lo)
+        if len(sizes) == 1:
+            return means[sizes[0]]
+        # Beyond the sizes timed (above or below): the slope of the two nearest.
+        lo, hi = (sizes[-2], sizes[-1]) if i else (sizes[0], sizes[1])
+        edge = hi if i else lo
+        slope = max(0.0, (means[hi] - means[lo]) / (hi - lo))
+        return max(0.0, means[edge] + slope * (tokens - edge))
 
 
 @dataclass(slots=True)
@@ -97,25 +123,36 @@ def choose(
     candidates: list[tuple[float, int]],
     expected_tokens: int,
     num_tokens: int,
-    cost: tuple[float, float],
+    seconds: Callable[[int], float],
 ) -> list[int]:
     """How many proposals to take from each candidate (acceptance p, proposals available n) in
     a step that computes num_tokens tokens and yields expected_tokens without proposals, for a
-    step cost (a, b)."""
-    a, b = cost
-    taken = [0] * len(candidates)
+    step of T tokens taking seconds(T): of the proposals taken best first, the count whose
+    step yields the most expected tokens a second (a cost that jumps at one size and not at
+    the next, as a kernel's row tiles make it, can make a third proposal pay where a second
+    alone would not)."""
+    order: list[int] = []  # candidate indices, best proposal first
     best = [(-p, i) for i, (p, n) in enumerate(candidates) if n > 0 and p > 0]
     heapq.heapify(best)
+    counts = [0] * len(candidates)
     expected = float(expected_tokens)
+    rate, cut = _rate(expected, seconds(num_tokens)), 0
     while best:
         worth, i = heapq.heappop(best)
-        worth = -worth
-        if worth * (a + b * num_tokens) < expected * b:
-            break  # the best left does not pay: nor does any other
-        taken[i] += 1
-        expected += worth
-        num_tokens += 1
+        order.append(i)
+        expected -= worth
+        counts[i] += 1
+        if (now := _rate(expected, seconds(num_tokens + len(order)))) > rate:
+            rate, cut = now, len(order)
         p, n = candidates[i]
-        if taken[i] < n:
-            heapq.heappush(best, (-(p ** (taken[i] + 1)), i))
+        if counts[i] < n:
+            heapq.heappush(best, (-(p ** (counts[i] + 1)), i))
+    taken = [0] * len(candidates)
+    for i in order[:cut]:
+        taken[i] += 1
     return taken
+
+
+def _rate(expected: float, seconds: float) -> float:
+    """Expected tokens a second; a free step (nothing timed yet) makes more tokens better."""
+    return expected / seconds if seconds > 0 else expected

@@ -14,27 +14,43 @@ from services.scheduler.step import Sample
 from tests.unit.scheduler.drive import FakeClock, drafts, make_request, make_scheduler
 
 
-def test_step_cost_fits_the_line_of_the_steps_timed():
+def test_step_cost_learns_each_size_and_reads_between_them():
     cost = StepCost()
-    assert cost.line() == (0.0, 0.0)  # nothing timed: tokens look free
-    for tokens in [8, 12, 20, 9, 16, 30, 8, 24] * 5:
-        cost.record(tokens, 0.040 + 0.002 * tokens)
-    a, b = cost.line()
-    # The ridge pulls the slope a little toward 0 (the spread here is ~60 tokens^2).
-    assert a == pytest.approx(0.040, rel=0.2)
-    assert b == pytest.approx(0.002, rel=0.15)
+    assert cost.seconds(1) == 0.0  # nothing timed: tokens look free
+    for _ in range(30):
+        cost.record(1, 0.0075)
+    # One size timed: a bigger step looks no dearer, so proposals are tried and timed.
+    assert cost.seconds(9) == pytest.approx(0.0075)
+    for seconds in (0.010, 0.012, 0.011):
+        cost.record(3, seconds)
+    assert cost.seconds(3) == pytest.approx(0.011)  # the first timings averaged plainly
+    assert cost.seconds(2) == pytest.approx(0.00925)  # halfway between 1 and 3
+    # Above the largest size: the last two sizes' slope per token (1.75 ms).
+    assert cost.seconds(5) == pytest.approx(0.0145)
 
 
-def test_step_cost_slope_fades_when_steps_stop_differing():
+def test_step_cost_is_not_one_line():
+    # What a CPU's 4-bit kernel does (docs/benchmarks.md): a second row nearly free, a third
+    # not. A line fitted through all of them would price the second row at a third's cost.
     cost = StepCost()
-    for tokens in [8, 40] * 20:
-        cost.record(tokens, 0.040 + 0.002 * tokens)
-    assert cost.line()[1] == pytest.approx(0.002, rel=0.05)
-    for _ in range(1000):  # every step the same size: nothing tells the slope any more
-        cost.record(8, 0.056)
-    a, b = cost.line()
-    assert b < 0.0002  # so proposals look free again, and their steps will show the slope
-    assert a + 8 * b == pytest.approx(0.056, rel=0.01)
+    for tokens, seconds in [(1, 0.0075), (2, 0.0080), (3, 0.0160)] * 20:
+        cost.record(tokens, seconds)
+    assert cost.seconds(2) - cost.seconds(1) == pytest.approx(0.0005)
+    assert cost.seconds(3) - cost.seconds(2) == pytest.approx(0.0080)
+
+
+def test_step_cost_follows_recent_steps_and_forgets_stale_sizes():
+    cost = StepCost()
+    for _ in range(50):
+        cost.record(8, 0.040)
+    for _ in range(50):  # the machine got busier
+        cost.record(8, 0.080)
+    assert cost.seconds(8) == pytest.approx(0.080, rel=0.01)
+    cost.record(16, 0.200)
+    for _ in range(StepCost.STALE_STEPS + 64):  # 16 never timed again
+        cost.record(8, 0.080)
+    # Forgotten: a step of 16 looks as dear as one of 8 (free proposals), and is timed again.
+    assert cost.seconds(16) == pytest.approx(0.080, rel=0.01)
 
 
 def test_acceptance_counts_the_first_rejection_as_the_last_trial():
@@ -47,24 +63,43 @@ def test_acceptance_counts_the_first_rejection_as_the_last_trial():
     assert Acceptance().overall_rate() == 0.5  # no record: Laplace's 1/2
 
 
+def line(a: float, b: float):
+    """A step cost of a + b x tokens seconds."""
+    return lambda tokens: a + b * tokens
+
+
 def test_choose_takes_everything_while_tokens_are_free():
-    assert choose([(0.9, 4), (0.05, 3), (0.5, 0)], 8, 8, (0.04, 0.0)) == [4, 3, 0]
+    assert choose([(0.9, 4), (0.05, 3), (0.5, 0)], 8, 8, line(0.04, 0.0)) == [4, 3, 0]
 
 
 def test_choose_takes_proposals_while_they_pay_best_first():
     # A step of 8 decoding sequences, 40 ms plus 2 ms a token: the j-th proposal of a request
     # with acceptance p is taken while p^j t(T) > E b.
-    taken = choose([(0.95, 8), (0.3, 4), (0.05, 4)], 8, 8, (0.040, 0.002))
+    taken = choose([(0.95, 8), (0.3, 4), (0.05, 4)], 8, 8, line(0.040, 0.002))
     assert taken[0] >= 5  # nearly always accepted: worth most of its proposals
     assert taken[1] <= 1  # the first is worth 0.3 of a token; the second 0.09 does not pay
     assert taken[2] == 0  # rejected almost always: not worth a token
     # At batch 1 the same step costs the same but yields 1 token: more proposals pay.
-    assert choose([(0.3, 4)], 1, 1, (0.040, 0.002)) == [2]
+    assert choose([(0.3, 4)], 1, 1, line(0.040, 0.002)) == [2]
     # Tokens that cost more than their step's fixed part: only near-certain proposals pay.
-    assert choose([(0.8, 8), (0.5, 4)], 8, 8, (0.010, 0.010)) == [0, 0]
+    assert choose([(0.8, 8), (0.5, 4)], 8, 8, line(0.010, 0.010)) == [0, 0]
     # A near-certain proposal is a token for the price of one token, below the step's average
     # (a + b T) / E as long as a > 0: it pays however dear tokens are.
-    assert choose([(0.99, 8), (0.5, 4)], 8, 8, (0.010, 0.010)) == [8, 0]
+    assert choose([(0.99, 8), (0.5, 4)], 8, 8, line(0.010, 0.010)) == [8, 0]
+
+
+def test_choose_at_batch_one_on_a_cpu_prices_each_row():
+    # One sequence; steps measured on the CPU with the float32 4-bit op (busy 2-core EPYC):
+    # 1, 2 and 3 tokens take 7.5, 10.7 and 16.2 ms. A proposal pays only when it is accepted
+    # more often than its row costs against the step: 3.2 / 7.5 = 0.43 for the first.
+    cost = {1: 0.0075, 2: 0.0107, 3: 0.0162}
+    seconds = lambda tokens: cost.get(tokens, 0.0162 + 0.0055 * (tokens - 3))  # noqa: E731
+    assert choose([(0.40, 8)], 1, 1, seconds) == [0]  # open text, sampled: ~0.4 accepted
+    assert choose([(0.50, 8)], 1, 1, seconds) == [1]  # the second, worth 0.25, does not pay
+    # Copying (0.95): two proposals (16.2 ms for 2.85 tokens) are worse than one (10.7 ms for
+    # 1.95), but the third row is cheap (19 ms for 3.71 tokens): the best is three.
+    cost[4] = 0.0190
+    assert choose([(0.95, 8)], 1, 1, seconds) == [3]
 
 
 def _drive(sched, clock, outputs, steps, cost):
