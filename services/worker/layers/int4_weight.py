@@ -13,7 +13,9 @@ It keeps the values in one of two pairs of forms, by how they are computed:
   offset + 8 * scale (Q4_0: 0; Q4_1: m + 8d), computed in float32 and rounded to the kernel's
   dtype (bfloat16 for float32 activations: 8 bits of mantissa); beside it two nibbles a byte
   [out, in / 2] (column 2j low, 2j + 1 high), which the dequantize-then-GEMM kernel and
-  embedding lookups unpack (one byte a weight in all)."""
+  embedding lookups unpack (one byte a weight in all).
+Asked for by name ("int8act", a float32 weight on the CPU), the layout of int8_activations.py's
+op instead, which quantizes the activations to int8 and sums in int32: batch-invariant."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from services.worker.layers import int8_activations as int8act
 from services.worker.layers.gguf_quant import GROUP_SIZE, GroupQuant
 from services.worker.layers.quantized_weight import QuantizedWeight
 
@@ -165,6 +168,10 @@ def int4_kernel(name: str, device: torch.device, dtype: torch.dtype = torch.bflo
     for float32 weights, when the extension is built, the float32 op (Q4LinearOp) at every
     row count; on CUDA the Triton kernel up to TRITON_MAX_ROWS rows, dequantize-then-GEMM
     above."""
+    if name == int8act.INT8ACT.name:
+        if device.type != "cpu" or dtype != torch.float32 or not int8act.q4_q8_op_available():
+            raise ValueError("the int8act kernel needs float32 on the CPU and the C++ extension")
+        return int8act.INT8ACT
     if device.type != "cpu":
         return DEQUANT if name == "dequant" else ByRows(TRITON, DEQUANT, TRITON_MAX_ROWS)
     if name in INT4_KERNELS:
@@ -196,6 +203,7 @@ class Int4Weight(QuantizedWeight):
     scales_and_zeros: torch.Tensor  # [in / 32, out, 2], compute dtype (as tiles)
     kernel: Int4Kernel
     op_rows: int  # linear() calls the C++ op itself up to this many rows (-1: never)
+    _op: Callable[..., torch.Tensor]  # that op: q4_linear, or q4_q8_linear for "int8act"
 
     @staticmethod
     def __new__(cls, groups: GroupQuant, dtype: torch.dtype, kernel: str = "auto") -> Int4Weight:
@@ -205,12 +213,19 @@ class Int4Weight(QuantizedWeight):
         nibbles = pack_nibbles(groups.q)
         chosen = int4_kernel(kernel, device, dtype)
         empty = torch.empty(0, device=device)
-        if chosen is Q4_OP:
-            packed, pairs = pack_q4_columns(nibbles, groups.scale, groups.offset)
-            weight = QuantizedWeight._wrap(cls, packed, dtype)
-            weight.packed, weight.pairs = packed, pairs
+        if chosen is Q4_OP or chosen is int8act.INT8ACT:
+            if chosen is Q4_OP:
+                layout = pack_q4_columns(nibbles, groups.scale, groups.offset)
+            else:
+                layout = int8act.pack_q4_q8(groups.q, groups.scale, groups.offset)
+            weight = QuantizedWeight._wrap(cls, layout[0], dtype)
+            weight.packed, weight.pairs = layout
             weight._nibbles = weight._scale = weight._offset = None  # read back from packed
-            weight.op_rows = sys.maxsize  # every row count
+            ops = torch.ops.layerserve
+            weight._op = ops.q4_linear if chosen is Q4_OP else ops.q4_q8_linear
+            # every row count; int8act's is not sys.maxsize, which tells model/flat_layers.py
+            # that the C++ layer loop may run the weight through q4_linear
+            weight.op_rows = sys.maxsize if chosen is Q4_OP else sys.maxsize - 1
         else:
             weight = QuantizedWeight._wrap(cls, nibbles, dtype)
             weight.packed = weight.pairs = empty
@@ -243,6 +258,8 @@ class Int4Weight(QuantizedWeight):
         """uint8 [out, in / 2], two a byte (pack_nibbles)."""
         if self._nibbles is not None:
             return self._nibbles
+        if self.kernel is int8act.INT8ACT:
+            return pack_nibbles(int8act.unpack_q4_q8(self.packed, self.pairs, self.out_features)[0])
         blocks, half, width = self.packed.shape
         return self.packed.transpose(1, 2).reshape(blocks * width, half)[: self.out_features]
 
@@ -257,6 +274,9 @@ class Int4Weight(QuantizedWeight):
         return self._offset if self._offset is not None else self._pair(1)
 
     def _pair(self, index: int) -> torch.Tensor:
+        if self.kernel is int8act.INT8ACT:
+            values = int8act.unpack_q4_q8(self.packed, self.pairs, self.out_features)[1 + index]
+            return values.to(self.compute_dtype)
         blocks, groups, _, width = self.pairs.shape
         values = self.pairs[:, :, index].transpose(1, 2).reshape(blocks * width, groups)
         return values[: self.out_features].to(self.compute_dtype)
@@ -269,7 +289,7 @@ class Int4Weight(QuantizedWeight):
         # A decode step's 4-bit linears (120 a step for SmolLM2) call the op from here, what
         # Q4LinearOp would do, without its Python frame and checks.
         if x.dim() == 2 and x.shape[0] <= self.op_rows and bias is None and x.is_contiguous():
-            return torch.ops.layerserve.q4_linear(x, self.packed, self.pairs, self.out_features)
+            return self._op(x, self.packed, self.pairs, self.out_features)
         out = self.kernel(x, self)
         return out if bias is None else out + bias
 
@@ -278,7 +298,7 @@ class Int4Weight(QuantizedWeight):
         if self.op_rows < 0:
             return super().direct_linear()
         op, packed, pairs, rows = (
-            torch.ops.layerserve.q4_linear,
+            self._op,
             self.packed,
             self.pairs,
             self.out_features,

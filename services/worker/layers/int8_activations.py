@@ -1,0 +1,123 @@
+"""4-bit weights times int8 activations (the Int4Weight kernel "int8act"): each activation row
+is quantized to int8 per group of 32 columns inside the op and the products q * xq are summed
+exactly in int32 by AVX512-VNNI (torch.ops.layerserve.q4_q8_linear, csrc/q4_q8_matmul.cpp,
+whose header states the formula and what it changes against float32 sums), as llama.cpp's Q8
+blocks do. Every output row is bit-identical whatever the call's row count and thread count, so
+a speculative verify step (1 + k rows) gives the same logits as k + 1 single-row steps.
+
+This module holds the op's layout (pack_q4_q8 and its inverse), the kernel, and the formula in
+torch (reference_q4_q8_linear) that the tests hold the op to. It imports nothing of
+int4_weight.py, which imports it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from services.worker.layers.gguf_quant import GROUP_SIZE
+
+UNIT_ROWS = 32  # output rows a unit of the op's layout: two vectors of 16 int32 lanes
+CHUNK = 8  # input columns one 4-byte lane holds: byte j = q[c + j] | q[c + 4 + j] << 4
+
+
+class PackedQ4Q8(Protocol):
+    """What the kernel reads of a weight (Int4Weight made with kernel="int8act")."""
+
+    packed: torch.Tensor
+    pairs: torch.Tensor
+    out_features: int
+
+
+class Int8ActivationsOp:
+    """torch.ops.layerserve.q4_q8_linear: float32 activations in and out, int8 activations and
+    int32 sums inside, the weight in the op's layout (pack_q4_q8), any number of rows. Only for
+    float32 weights on the CPU when the extension is built (int4_kernel checks both)."""
+
+    name = "int8act"
+
+    def __call__(self, x: torch.Tensor, weight: PackedQ4Q8) -> torch.Tensor:
+        op, rows = torch.ops.layerserve.q4_q8_linear, weight.out_features
+        if x.dim() == 2 and x.is_contiguous():  # the model's [T, d]: no reshapes to dispatch
+            return op(x, weight.packed, weight.pairs, rows)
+        out = op(x.reshape(-1, x.shape[-1]).contiguous(), weight.packed, weight.pairs, rows)
+        return out.reshape(*x.shape[:-1], rows)
+
+
+INT8ACT = Int8ActivationsOp()
+
+
+def q4_q8_op_available() -> bool:
+    """Whether the C++ extension with torch.ops.layerserve.q4_q8_linear is built and loaded."""
+    from services.worker.layers import cpu_attention_ext
+
+    return cpu_attention_ext.load() and hasattr(torch.ops.layerserve, "q4_q8_linear")
+
+
+def pack_q4_q8(
+    q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's layout: q uint8 0..15 [out, in] -> packed uint8 [units, in / 8, 32 * 4], unit u
+    holding output rows 32u..32u+31 (the last padded with zero rows), for each 8 columns c..c+7
+    row i's 4 bytes q[c + j] | q[c + 4 + j] << 4; scale and offset [out, in / 32] -> pairs
+    [units, in / 32, 2, 32], float16 where every value is exactly a float16 (GGUF's are)."""
+    rows, cols = q.shape
+    units = -(-rows // UNIT_ROWS)
+    pad = units * UNIT_ROWS - rows
+    chunks = F.pad(q, (0, 0, 0, pad)).view(units, UNIT_ROWS, cols // CHUNK, 2, CHUNK // 2)
+    lanes = chunks[..., 0, :] | (chunks[..., 1, :] << 4)  # [units, 32, in / 8, 4]
+    packed = lanes.transpose(1, 2).reshape(units, cols // CHUNK, UNIT_ROWS * 4).contiguous()
+    both = F.pad(torch.stack([scale.float(), offset.float()], dim=1), (0, 0, 0, 0, 0, pad))
+    pairs = both.view(units, UNIT_ROWS, 2, -1).permute(0, 3, 2, 1).contiguous()
+    halves = pairs.half()
+    return packed, (halves if torch.equal(halves.float(), pairs) else pairs)
+
+
+def unpack_q4_q8(
+    packed: torch.Tensor, pairs: torch.Tensor, rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """pack_q4_q8's inverse: -> q uint8 [rows, in], scale and offset float32 [rows, in / 32]."""
+    units, chunks, _ = packed.shape
+    lanes = packed.view(units, chunks, UNIT_ROWS, 4).transpose(1, 2)  # [units, 32, in / 8, 4]
+    q = torch.stack([lanes & 0x0F, lanes >> 4], dim=-2).reshape(units * UNIT_ROWS, -1)
+    values = pairs.float().permute(0, 3, 2, 1).reshape(units * UNIT_ROWS, 2, -1)
+    return q[:rows], values[:rows, 0], values[:rows, 1]
+
+
+def quantize_activations(
+    x: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x float32 [M, K] -> (xq [M, K / 32, 32] in -127..127 as float32, d and sx [M, K / 32]):
+    per group d = max|x| / 127, xq = x / d rounded half to even (0 where d == 0), sx the
+    group's float32 sum in column order."""
+    groups = x.view(x.shape[0], -1, GROUP_SIZE)
+    d = groups.abs().amax(dim=-1) / 127
+    ratio = groups / torch.where(d > 0, d, 1)[..., None]
+    xq = torch.where(d[..., None] > 0, torch.round(ratio), 0).clamp(-127, 127)
+    sx = torch.zeros_like(d)
+    for j in range(GROUP_SIZE):  # in column order, as the op adds them
+        sx = sx + groups[..., j]
+    return xq, d, sx
+
+
+def reference_q4_q8_linear(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
+) -> torch.Tensor:
+    """The op's formula in torch: x float32 [M, K], q [N, K] in 0..15, scale and offset float32
+    [N, K / 32] -> [M, N] float32. A fused multiply-add is computed in float64 and rounded to
+    float32 (a*b is exact in float64; the sum's double rounding differs from the op's single one
+    only when it lands on a float32 tie, about 2^-29 of the time)."""
+    xq, d, sx = quantize_activations(x)
+    q_groups = q.double().view(q.shape[0], -1, GROUP_SIZE)
+    isum = torch.einsum("mgj,ngj->mng", xq.double(), q_groups).float()  # exact integers
+    acc = torch.zeros(x.shape[0], q.shape[0])
+    for g in range(d.shape[1]):
+        sd = scale[None, :, g] * d[:, None, g]  # float32, rounded as the op rounds it
+        acc = _fma(sd, isum[:, :, g], acc)
+        acc = _fma(offset[None, :, g].expand_as(acc), sx[:, None, g].expand_as(acc), acc)
+    return acc
+
+
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return (a.double() * b.double() + c.double()).float()

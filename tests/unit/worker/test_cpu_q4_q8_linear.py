@@ -1,0 +1,178 @@
+"""The extension's 4-bit linear with int8 activations (csrc/q4_q8_matmul.cpp, Int4Weight's
+kernel "int8act"): bit for bit the formula its header states (int8_activations'
+reference_q4_q8_linear), each output row the same whatever the call's row count and thread
+count (what lets a speculative verify step reproduce single-row steps), within the int8
+rounding's bound of float32 x dequantized weight, at odd shapes, for GGUF's Q4_0, Q4_1 and Q4_K
+blocks; the weight read back exactly from the op's layout; bad inputs refused with a message
+saying what was expected."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from services.worker.layers.gguf_quant import (
+    BLOCK_BYTES,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    GroupQuant,
+    decode_blocks,
+)
+from services.worker.layers.int4_weight import Int4Weight, pack_nibbles, quantize_int4
+from services.worker.layers.int8_activations import (
+    INT8ACT,
+    pack_q4_q8,
+    quantize_activations,
+    reference_q4_q8_linear,
+)
+
+pytestmark = pytest.mark.usefixtures("cpu_extension")  # conftest: built if need be
+
+
+def _groups(out: int, cols: int, seed: int = 0, float16: bool = True) -> GroupQuant:
+    """Random 4-bit groups; float16: scales and offsets rounded to float16, as GGUF's are."""
+    generator = torch.Generator().manual_seed(seed)
+    groups = quantize_int4(torch.randn(out, cols, generator=generator))
+    if not float16:
+        return groups
+    scale, offset = groups.scale.half().float(), groups.offset.half().float()
+    return GroupQuant(groups.q, scale, offset, bits=4)
+
+
+def _gguf_groups(tensor_type: int, out: int, cols: int, seed: int) -> GroupQuant:
+    """A GGUF tensor of random blocks (random nibbles, float16 d and m), decoded as the loader
+    decodes a file's."""
+    rng = np.random.default_rng(seed)
+    per_block = 256 if tensor_type == Q4_K else 32
+    blocks = rng.integers(0, 256, (out, cols // per_block, BLOCK_BYTES[tensor_type]), np.uint8)
+    halves = 1 if tensor_type == Q4_0 else 2
+    scales = rng.normal(0, 0.05, (out, cols // per_block, halves)).astype(np.float16)
+    blocks[..., : 2 * halves] = scales.view(np.uint8).reshape(*scales.shape[:2], 2 * halves)
+    return decode_blocks(blocks.reshape(out, -1), tensor_type)
+
+
+def _rows(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Random activations with the cases the quantization treats apart: a group of zeros
+    (d == 0), ties of x / d (127 makes d exactly 1: 0.5, 1.5 and -2.5 round to even), a group
+    of one value repeated, an outlier column."""
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
+    x[0, :32] = 0.0
+    if rows > 1:
+        x[1, :4] = torch.tensor([127.0, 0.5, 1.5, -2.5])
+    if rows > 2:
+        x[-1, -32:] = -0.75
+    x[rows // 2, -1] = 40.0
+    return x
+
+
+def _op(x: torch.Tensor, groups: GroupQuant) -> torch.Tensor:
+    packed, pairs = pack_q4_q8(groups.q, groups.scale, groups.offset)
+    return torch.ops.layerserve.q4_q8_linear(x, packed, pairs, groups.q.shape[0])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 33])
+@pytest.mark.parametrize("out, cols", [(37, 96), (576, 64), (130, 32), (200, 1152)])
+@pytest.mark.parametrize("float16", [True, False])
+def test_matches_the_reference_formula_bit_for_bit(
+    rows: int, out: int, cols: int, float16: bool
+) -> None:
+    """Bit-equal: the reference rounds each fused multiply-add in float64 then float32, which
+    differs from the op's single rounding only on a float32 tie (~2^-29 an operation); these
+    fixed seeds hit none."""
+    groups = _groups(out, cols, seed=rows, float16=float16)
+    x = _rows(rows, cols, seed=out)
+    got = _op(x, groups)
+    assert got.dtype == torch.float32 and got.shape == (rows, out)
+    assert torch.equal(got, reference_q4_q8_linear(x, groups.q, groups.scale, groups.offset))
+
+
+@pytest.mark.parametrize("tensor_type", [Q4_0, Q4_1, Q4_K])
+def test_gguf_blocks_through_int4weight_match_the_reference(tensor_type: int) -> None:
+    groups = _gguf_groups(tensor_type, out=130, cols=512, seed=tensor_type)
+    weight = Int4Weight(groups, torch.float32, kernel="int8act")
+    assert weight.kernel is INT8ACT
+    assert weight.pairs.dtype == (torch.float32 if tensor_type == Q4_K else torch.float16)
+    x = _rows(5, 512, seed=tensor_type)
+    expected = reference_q4_q8_linear(x, groups.q, groups.scale, groups.offset)
+    assert torch.equal(F.linear(x, weight), expected)
+    assert torch.equal(weight.linear(x, None), expected)
+    direct, max_rows = weight.direct_linear()
+    assert torch.equal(direct(x), expected) and max_rows >= 1 << 32
+
+
+BATCHES = [1, 2, 3, 4, 5, 7, 8, 16, 33, 130]
+
+
+@pytest.mark.parametrize("out, cols", [(192, 576), (576, 1536), (1000, 96)])
+def test_each_row_is_the_same_whatever_the_batch_and_thread_count(out: int, cols: int) -> None:
+    """Row i of an M-row call equals the 1-row call on row i, bit for bit, for every M, with
+    one thread and two: a stream's logits do not depend on what it is batched with."""
+    groups = _groups(out, cols, seed=out)
+    x = _rows(max(BATCHES), cols, seed=cols)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([_op(x[i : i + 1], groups) for i in range(x.shape[0])])
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for rows in BATCHES:
+                got = _op(x[:rows].contiguous(), groups)
+                assert torch.equal(got, alone[:rows]), (rows, count)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("out, cols", [(192, 576), (1536, 576), (576, 1536), (45, 32)])
+def test_within_the_int8_rounding_of_float32_times_the_dequantized_weight(
+    out: int, cols: int
+) -> None:
+    """Each x moves by at most d / 2 when rounded to int8, so an output moves by at most
+    sum over groups of d / 2 * sum |q * scale| (plus float32 rounding): a bound that holds for
+    any data. On random data the error is ~1% of the outputs' size (relative RMS)."""
+    groups = _groups(out, cols, seed=cols)
+    x = torch.randn(64, cols, generator=torch.Generator().manual_seed(out))
+    got = _op(x, groups).double()
+    exact = x.double() @ groups.dequantized().double().T
+    _, d, _ = quantize_activations(x)
+    steps = (groups.q.double().unflatten(-1, (-1, 32)) * groups.scale.double()[..., None]).abs()
+    bound = (d.double() / 2) @ steps.sum(-1).T
+    magnitude = x.double().abs() @ groups.dequantized().double().abs().T
+    assert torch.all((got - exact).abs() <= bound + magnitude * cols * 2**-23)
+    relative = (got - exact).norm() / exact.norm()
+    assert 1e-3 < relative < 0.03  # int8 rounding shows, and stays small
+
+
+def test_the_weight_reads_back_exactly_from_the_ops_layout() -> None:
+    groups = _groups(80, 96)  # 80: a padded third unit of 32 rows
+    weight = Int4Weight(groups, torch.float32, kernel="int8act")
+    assert weight.packed.shape == (3, 12, 128) and weight.pairs.dtype == torch.float16
+    assert torch.equal(weight.nibbles, pack_nibbles(groups.q))
+    assert torch.equal(weight.scale, groups.scale) and torch.equal(weight.offset, groups.offset)
+    assert torch.equal(weight.dequantized(), groups.dequantized())
+    assert "int8act" in repr(weight) and weight.tiles.numel() == 0
+
+
+def test_odd_shapes_and_bad_inputs() -> None:
+    groups = _groups(48, 64, float16=False)  # N not a multiple of 32 or 16 units
+    weight = Int4Weight(groups, torch.float32, kernel="int8act")
+    columns = torch.randn(64, 2).t()  # not contiguous: the kernel makes it so
+    expected = reference_q4_q8_linear(columns.contiguous(), groups.q, groups.scale, groups.offset)
+    assert torch.equal(INT8ACT(columns, weight), expected)
+    assert INT8ACT(torch.randn(2, 1, 64), weight).shape == (2, 1, 48)
+    assert _op(torch.randn(0, 64), groups).shape == (0, 48)
+    op, packed, pairs = torch.ops.layerserve.q4_q8_linear, weight.packed, weight.pairs
+    with pytest.raises(RuntimeError, match="x \\[M, K\\] float32 contiguous"):
+        op(columns, packed, pairs, 48)
+    with pytest.raises(RuntimeError, match="x \\[M, K\\] float32"):
+        op(torch.randn(2, 64, dtype=torch.bfloat16), packed, pairs, 48)
+    with pytest.raises(RuntimeError, match="K must divide by 32 and match"):
+        op(torch.randn(2, 96), packed, pairs, 48)
+    with pytest.raises(RuntimeError, match="packed \\[ceil\\(N / 32\\), K / 8, 128\\] uint8"):
+        op(torch.randn(2, 64), packed, pairs, 130)
+    with pytest.raises(RuntimeError, match="pairs \\[ceil\\(N / 32\\), K / 32, 2, 32\\]"):
+        op(torch.randn(2, 64), packed, pairs.double(), 48)
+    with pytest.raises(ValueError, match="int8act kernel needs float32 on the CPU"):
+        Int4Weight(groups, torch.bfloat16, kernel="int8act")
