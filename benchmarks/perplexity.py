@@ -65,7 +65,8 @@ DECODE_CHUNK = 16  # rows a call at most where every quantized kernel is its dec
 # --quick: the text's first tokens in short windows, for tests (seconds, not minutes).
 QUICK_TOKENS, QUICK_WINDOW, QUICK_STRIDE = 320, 128, 64
 
-# Per model: the GGUF file and its settings (dtype:quantization, label), the reference first.
+# Per model: the GGUF file and its settings (dtype:quantization[:4-bit kernel], label), the
+# reference first.
 MODELS = {
     "smollm2": (
         default_path,
@@ -73,6 +74,7 @@ MODELS = {
             ("float32:none", "float32 dense (reference)"),
             ("bfloat16:none", "bfloat16 dense"),
             ("float32:gguf", "float32 + Q4_1 kept 4-bit (the CPU default)"),
+            ("float32:gguf:int8act", "float32 + Q4_1 kept 4-bit, int8 activations (int8act)"),
             ("bfloat16:gguf", "bfloat16 + Q4_1 kept 4-bit"),
             ("float32:int8", "float32 + int8 from the float values"),
             ("float32:int4", "float32 + int4 from the float values"),
@@ -83,6 +85,7 @@ MODELS = {
         (
             ("float32:none", "float32 dense (reference)"),
             ("float32:gguf", "float32 + Q4_K kept 4-bit, Q5_0/Q8_0 int8 (the CPU default)"),
+            ("float32:gguf:int8act", "float32 + Q4_K kept 4-bit, int8 activations (int8act)"),
             ("bfloat16:none", "bfloat16 dense"),
         ),
     ),
@@ -182,10 +185,11 @@ def windows(num_tokens: int, window: int, stride: int) -> list[tuple[int, int, i
 
 
 def load_setting(path: Path, setting: str) -> LoadedModel:
-    """setting "dtype:quantization" loaded as the worker loads --dtype and --quantization."""
-    dtype, method = setting.split(":")
+    """setting "dtype:quantization[:kernel]" loaded as the worker loads --dtype and
+    --quantization; kernel: the 4-bit weights' (int4_weight.int4_kernel), "auto" if none."""
+    dtype, method, *kernel = setting.split(":")
     loaded = load_model(path, dtype=getattr(torch, dtype), device=CPU)
-    return quantize_loaded(loaded, method)
+    return quantize_loaded(loaded, method, *kernel)
 
 
 def measure(
@@ -270,6 +274,11 @@ def main() -> None:
         help=f"the first {QUICK_TOKENS} tokens, windows of {QUICK_WINDOW} every {QUICK_STRIDE}",
     )
     p.add_argument("--json", action="store_true", help="the raw numbers as JSON, no table")
+    p.add_argument(
+        "--settings",
+        nargs="+",
+        help="only these settings (dtype:quantization[:kernel]) beside the reference",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     window, stride = (QUICK_WINDOW, QUICK_STRIDE) if args.quick else (args.window, args.stride)
@@ -288,6 +297,8 @@ def main() -> None:
     started = time.perf_counter()
     for model in args.models:
         find_path, settings = MODELS[model]
+        if args.settings:
+            settings = settings[:1] + tuple(s for s in settings[1:] if s[0] in args.settings)
         path = find_path()
         text, bos = text_tokens(path, args.quick)
         scores = measure(path, list(settings), text, bos, window, stride, args.chunk)

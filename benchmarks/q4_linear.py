@@ -1,13 +1,16 @@
-"""The float32 4-bit linear op against float32 dense and what it replaced, per call, on
-SmolLM2-135M's shapes.
+"""The float32 4-bit linear op and the int8-activation one against float32 dense and what they
+replaced, per call and per decode step, on SmolLM2-135M's shapes.
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.q4_linear [--threads 1] [--rows 1 16 64 1024]
+        [--step-rows 1 4 8]
 
 torch.ops.layerserve.q4_linear (csrc/q4_matmul.cpp, Int4Weight's kernel for float32 rows at
-every row count) against F.linear on the same weight dequantized to float32 (what a float32
-dense model runs) and dequantize-then-GEMM (DequantMM: the float copy made per call, what
-Int4Weight ran above 256 rows before the op's decoded path), for the model's four 4-bit
-shapes: q/k/v's 576 x 576 and 192 x 576 pieces, gate/up's 1536 x 576 and down's 576 x 1536.
+every row count) and q4_q8_linear (csrc/q4_q8_matmul.cpp, kernel "int8act": the rows quantized
+to int8 per 32 columns, int32 sums) against F.linear on the same weight dequantized to float32
+(what a float32 dense model runs) and dequantize-then-GEMM (DequantMM: the float copy made per
+call, what Int4Weight ran above 256 rows before the op's decoded path), for the model's four
+4-bit shapes: q/k/v's 576 x 576 and 192 x 576 pieces, gate/up's 1536 x 576 and down's
+576 x 1536.
 The weights are GGUF-like (float16 scales and offsets, as a Q4_1 file's); each call takes the
 next of --copies copies and, up to 16 rows, a 64 MB buffer is written before each pass, so that
 a call reads its weight from memory as a decode step does. The kernels take turns (A, B, C, A,
@@ -15,7 +18,12 @@ B, C, ...), in ms a call. With one thread, each cell is the median of --passes p
 thread's CPU time (fair on a loaded machine). With more, it is the 10th percentile of the calls'
 wall times, each call timed alone: on a loaded machine a call is often stalled by a thread that
 lost its core (ms for a µs call), and a median or a pass's mean measures that, not the kernel.
-Prints a Markdown table."""
+Prints a Markdown table.
+
+Then, per --step-rows, one decode step's 4-bit linears as the model runs them (30 layers of
+fused qkv 960 x 576, o 576 x 576, fused gate_up 3072 x 576 and down 576 x 1536: 120 calls, 53 MB
+of weights read from memory) with each op: the median of --passes steps, each step's total by
+this thread's CPU time with one thread, by wall clock with more."""
 
 from __future__ import annotations
 
@@ -30,25 +38,34 @@ import torch.nn.functional as F
 from services.worker.layers import cpu_attention_ext
 from services.worker.layers.gguf_quant import GroupQuant
 from services.worker.layers.int4_weight import DEQUANT, Q4_OP, Int4Weight, quantize_int4
+from services.worker.layers.int8_activations import INT8ACT
 
 SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536))  # (out, in)
+STEP_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # a layer's calls, fused
+LAYERS = 30
 COLD_ROWS = 16  # up to this many rows a call is bound by reading the weight: read it cold
 
 
-def gguf_like(out: int, cols: int) -> tuple[Int4Weight, torch.Tensor]:
+Weights = tuple[Int4Weight, torch.Tensor, Int4Weight]  # q4_linear's, dense, int8act's
+
+
+def gguf_like(out: int, cols: int, dense: bool = True) -> Weights:
     """A random float32 Int4Weight with float16-exact scales and offsets, as a Q4_1 file's,
-    and the same weight dense in float32."""
+    the same weight dense in float32 (empty unless `dense`) and as the int8act kernel's."""
     groups = quantize_int4(torch.randn(out, cols))
     scale, offset = groups.scale.half().float(), groups.offset.half().float()
     groups = GroupQuant(groups.q, scale, offset, bits=4)
-    return Int4Weight(groups, torch.float32), groups.dequantized()
+    weights = groups.dequantized() if dense else torch.empty(0)
+    int8act = Int4Weight(groups, torch.float32, kernel="int8act")
+    return Int4Weight(groups, torch.float32), weights, int8act
 
 
-def kernels(x: torch.Tensor) -> dict[str, Callable[[tuple[Int4Weight, torch.Tensor]], object]]:
+def kernels(x: torch.Tensor) -> dict[str, Callable[[Weights], object]]:
     return {
-        "q4_linear": lambda pair: Q4_OP(x, pair[0]),
-        "dense float32 F.linear": lambda pair: F.linear(x, pair[1]),
-        "dequantize + GEMM": lambda pair: DEQUANT(x, pair[0]),
+        "q4_linear": lambda w: Q4_OP(x, w[0]),
+        "q4_q8_linear (int8act)": lambda w: INT8ACT(x, w[2]),
+        "dense float32 F.linear": lambda w: F.linear(x, w[1]),
+        "dequantize + GEMM": lambda w: DEQUANT(x, w[0]),
     }
 
 
@@ -62,7 +79,8 @@ def cell(times: list[float], one_thread: bool) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.q4_linear")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 256, 512, 1024])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8, 16, 64, 256])
+    p.add_argument("--step-rows", type=int, nargs="*", default=[1, 4, 8])
     p.add_argument("--copies", type=int, default=16, help="weights cycled per shape")
     p.add_argument("--passes", type=int, default=5, help="interleaved passes per cell")
     args = p.parse_args()
@@ -75,7 +93,7 @@ def main() -> None:
     how = "median pass, thread CPU time" if one else "10th percentile call, wall clock"
     print(f"threads {args.threads} ({how})")
     names = list(kernels(torch.empty(0)))
-    print("| shape (out x in) | rows | " + " | ".join(names) + " | op / dense |")
+    print("| shape (out x in) | rows | " + " | ".join(names) + " | int8act / q4_linear |")
     print("| --- | --- |" + " --- |" * (len(names) + 1))
     for out, cols in SHAPES:
         weights = [gguf_like(out, cols) for _ in range(args.copies)]
@@ -101,7 +119,35 @@ def main() -> None:
                         times[name].append((clock() - started) * 1e3)
             ms = [cell(times[name], one) for name in names]
             cells = " | ".join(f"{m:.3f}" for m in ms)
-            print(f"| {out} x {cols} | {rows} | {cells} | {ms[0] / ms[1]:.2f} |", flush=True)
+            print(f"| {out} x {cols} | {rows} | {cells} | {ms[1] / ms[0]:.2f} |", flush=True)
+    if args.step_rows:
+        decode_steps(args.step_rows, args.passes, one, flush)
+
+
+def decode_steps(step_rows: list[int], passes: int, one: bool, flush: torch.Tensor) -> None:
+    """One decode step's 120 4-bit linears with each op, per row count (see the docstring)."""
+    # 30 distinct layers, so that a step reads its weights from memory as the model's does
+    layers = [
+        [gguf_like(out, cols, dense=False) for out, cols in STEP_SHAPES] for _ in range(LAYERS)
+    ]
+    clock = time.thread_time if one else time.perf_counter
+    print()
+    print("| decode step, 120 linears | rows | q4_linear ms | int8act ms | int8act / q4_linear |")
+    print("| --- | --- | --- | --- | --- |")
+    for rows in step_rows:
+        inputs = {cols: torch.randn(rows, cols) for _, cols in STEP_SHAPES}
+        ops = {"q4": (Q4_OP, 0), "int8act": (INT8ACT, 2)}
+        times: dict[str, list[float]] = {name: [] for name in ops}
+        for _ in range(passes):
+            for name, (op, index) in ops.items():
+                flush.add_(1.0)
+                started = clock()
+                for layer in layers:
+                    for (_, cols), weights in zip(STEP_SHAPES, layer, strict=True):
+                        op(inputs[cols], weights[index])
+                times[name].append((clock() - started) * 1e3)
+        q4, int8 = (statistics.median(times[name]) for name in ops)
+        print(f"| {LAYERS} layers | {rows} | {q4:.2f} | {int8:.2f} | {int8 / q4:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -72,21 +72,39 @@ struct Quantized {
   std::vector<float> sx;   // [M, K / 32]
 };
 
+// One group's 32 values -> its int8 values; returns d.
+inline float quantize_group(const float* v, int8_t* xq) {
+#if defined(LAYERSERVE_VNNI)
+  const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const float d = amax / 127.0f;
+  const __m512 divisor = _mm512_set1_ps(d == 0.0f ? 1.0f : d), zero = _mm512_setzero_ps();
+  const __m512 low = _mm512_set1_ps(-127.0f), high = _mm512_set1_ps(127.0f);
+  for (int half = 0; half < 2; ++half) {
+    // the division itself, not a multiply by 1 / d: the reference's rounding exactly
+    __m512 r = _mm512_roundscale_ps(_mm512_div_ps(half ? b : a, divisor),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = d == 0.0f ? zero : _mm512_min_ps(_mm512_max_ps(r, low), high);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + 16 * half),
+                     _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
+  }
+  return d;
+#else
+  float amax = 0.0f;
+  for (int64_t j = 0; j < kGroup; ++j) amax = std::max(amax, std::fabs(v[j]));
+  const float d = amax / 127.0f;
+  for (int64_t j = 0; j < kGroup; ++j) {
+    const float r = d == 0.0f ? 0.0f : std::nearbyint(v[j] / d);  // x / d, as above
+    xq[j] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, r)));
+  }
+  return d;
+#endif
+}
+
 // One row of K columns -> its int8 values, and per group d and sx.
 void quantize_row(const float* x, int64_t k, int8_t* xq, float* d, float* sx) {
   const int64_t groups = k / kGroup;
-  for (int64_t g = 0; g < groups; ++g) {
-    const float* v = x + g * kGroup;
-    float amax = 0.0f;
-    for (int64_t j = 0; j < kGroup; ++j) amax = std::max(amax, std::fabs(v[j]));
-    const float scale = amax / 127.0f;
-    d[g] = scale;
-    for (int64_t j = 0; j < kGroup; ++j) {
-      // the division itself, not a multiply by 1 / d: the reference's rounding exactly
-      const float r = scale == 0.0f ? 0.0f : std::nearbyint(v[j] / scale);
-      xq[g * kGroup + j] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, r)));
-    }
-  }
+  for (int64_t g = 0; g < groups; ++g) d[g] = quantize_group(x + g * kGroup, xq + g * kGroup);
   // The group sums in column order, groups side by side so that their chains overlap.
   for (int64_t g = 0; g < groups; ++g) sx[g] = 0.0f;
   for (int64_t j = 0; j < kGroup; ++j)
