@@ -204,6 +204,7 @@ class Int4Weight(QuantizedWeight):
     kernel: Int4Kernel
     op_rows: int  # linear() calls the C++ op itself up to this many rows (-1: never)
     _op: Callable[..., torch.Tensor]  # that op: q4_linear, or q4_q8_linear for "int8act"
+    int8_activations: bool  # whether that op is q4_q8_linear (packed, pairs: its layout)
 
     @staticmethod
     def __new__(cls, groups: GroupQuant, dtype: torch.dtype, kernel: str = "auto") -> Int4Weight:
@@ -221,11 +222,10 @@ class Int4Weight(QuantizedWeight):
             weight = QuantizedWeight._wrap(cls, layout[0], dtype)
             weight.packed, weight.pairs = layout
             weight._nibbles = weight._scale = weight._offset = None  # read back from packed
+            weight.int8_activations = chosen is int8act.INT8ACT
             ops = torch.ops.layerserve
-            weight._op = ops.q4_linear if chosen is Q4_OP else ops.q4_q8_linear
-            # every row count; int8act's is not sys.maxsize, which tells model/flat_layers.py
-            # that the C++ layer loop may run the weight through q4_linear
-            weight.op_rows = sys.maxsize if chosen is Q4_OP else sys.maxsize - 1
+            weight._op = ops.q4_q8_linear if weight.int8_activations else ops.q4_linear
+            weight.op_rows = sys.maxsize  # every row count
         else:
             weight = QuantizedWeight._wrap(cls, nibbles, dtype)
             weight.packed = weight.pairs = empty
@@ -233,6 +233,7 @@ class Int4Weight(QuantizedWeight):
             weight._scale = groups.scale.to(dtype).contiguous()
             weight._offset = groups.offset.to(dtype).contiguous()
             weight.op_rows = -1
+            weight.int8_activations = False
         weight.out_features, weight.kernel = groups.q.shape[0], chosen
         weight.tiles = weight.scales_and_zeros = empty
         if device.type == "cpu" and weight.op_rows < 0:  # int4pack's layout, where it may run
