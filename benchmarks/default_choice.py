@@ -18,7 +18,9 @@ With --llama-cpp (the llama-cpp extra installed): llama.cpp's first-token candid
 answer to the README's question on the same file, for reference. --model measures another GGUF
 (Gemma 3 270M: docs/benchmarks.md, "Issue 29: K-quants and Q5_0 kept"); a setting
 float32:gguf/Q4_K keeps only the weights the file stores as that type, and a third field sets
-the KV cache's dtype as the worker's --kv-cache-dtype does (float32:gguf:int8)."""
+the KV cache's dtype as the worker's --kv-cache-dtype does (float32:gguf:int8); gguf@KERNEL
+computes the kept 4-bit weights with that Int4Weight kernel (float32:gguf@int8act: int8
+activations, int8_activations.py)."""
 
 from __future__ import annotations
 
@@ -63,13 +65,14 @@ def build(setting: str, path: Path) -> OfflineEngine:
     optionally :KV, the KV cache's dtype (auto, float32, bfloat16 or int8)."""
     dtype, quantization, kv = (setting + ":auto").split(":")[:3]
     loaded = load_model(path, dtype=getattr(torch, dtype), device=torch.device("cpu"))
+    quantization, _, kernel = quantization.partition("@")
     method, _, only = quantization.partition("/")
     if method == "gguf" and only:
         type_ids = {name: type_id for type_id, name in TYPE_NAMES.items()}
-        kept = keep_gguf_quantized(loaded, types={type_ids[only]})
+        kept = keep_gguf_quantized(loaded, kernel or "auto", types={type_ids[only]})
         print(f"{setting}: {kept} weights kept")
     else:
-        loaded = quantize_loaded(loaded, quantization)
+        loaded = quantize_loaded(loaded, quantization, kernel or "auto")
     if kv == "auto":
         return make_engine(loaded, 512, SchedulerLimits())
     cpu = torch.device("cpu")

@@ -121,3 +121,32 @@ def reference_q4_q8_linear(
 
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return (a.double() * b.double() + c.double()).float()
+
+
+def pack_q8_0_q8(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.ops.layerserve.q8_0_q8_linear's layout (csrc/q8_0_q8_matmul.cpp): Q8_0's q int8
+    [out, in] -> packed uint8 [units, in / 4, 32 * 4], unit u holding output rows 32u..32u+31
+    (the last padded with zero rows), for each 4 columns row i's 4 bytes q + 128; scale [out,
+    in / 32] -> [units, in / 32, 32], float16 where every value is exactly a float16."""
+    rows, cols = q.shape
+    units = -(-rows // UNIT_ROWS)
+    pad = units * UNIT_ROWS - rows
+    biased = (F.pad(q.to(torch.int16), (0, 0, 0, pad)) + 128).to(torch.uint8)
+    lanes = biased.view(units, UNIT_ROWS, cols // 4, 4).transpose(1, 2)
+    packed = lanes.reshape(units, cols // 4, UNIT_ROWS * 4).contiguous()
+    scales = F.pad(scale.float(), (0, 0, 0, pad)).view(units, UNIT_ROWS, -1).transpose(1, 2)
+    scales = scales.contiguous()
+    halves = scales.half()
+    return packed, (halves if torch.equal(halves.float(), scales) else scales)
+
+
+def reference_q8_0_q8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q8_0_q8_linear's formula in torch: x float32 [M, K], q int8 [N, K], scale float32
+    [N, K / 32] -> [M, N] float32 (fused multiply-adds as in reference_q4_q8_linear)."""
+    xq, d, _ = quantize_activations(x)
+    q_groups = q.double().view(q.shape[0], -1, GROUP_SIZE)
+    isum = torch.einsum("mgj,ngj->mng", xq.double(), q_groups).float()  # exact integers
+    acc = torch.zeros(x.shape[0], q.shape[0])
+    for g in range(d.shape[1]):
+        acc = _fma(scale[None, :, g] * d[:, None, g], isum[:, :, g], acc)
+    return acc

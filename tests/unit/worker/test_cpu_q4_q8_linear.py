@@ -4,7 +4,8 @@ reference_q4_q8_linear), each output row the same whatever the call's row count 
 count (what lets a speculative verify step reproduce single-row steps), within the int8
 rounding's bound of float32 x dequantized weight, at odd shapes, for GGUF's Q4_0, Q4_1 and Q4_K
 blocks; the weight read back exactly from the op's layout; bad inputs refused with a message
-saying what was expected."""
+saying what was expected. The Q8_0 head's op with int8 activations (q8_0_q8_matmul.cpp) is held
+to the same."""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ from services.worker.layers.int4_weight import Int4Weight, pack_nibbles, quantiz
 from services.worker.layers.int8_activations import (
     INT8ACT,
     pack_q4_q8,
+    pack_q8_0_q8,
     quantize_activations,
     reference_q4_q8_linear,
+    reference_q8_0_q8_linear,
 )
 
 pytestmark = pytest.mark.usefixtures("cpu_extension")  # conftest: built if need be
@@ -176,3 +179,54 @@ def test_odd_shapes_and_bad_inputs() -> None:
         op(torch.randn(2, 64), packed, pairs.double(), 48)
     with pytest.raises(ValueError, match="int8act kernel needs float32 on the CPU"):
         Int4Weight(groups, torch.bfloat16, kernel="int8act")
+
+
+# The Q8_0 head's op with int8 activations (csrc/q8_0_q8_matmul.cpp): the same properties.
+
+
+def _q8_0(out: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random Q8_0 values (int8 q, -128 included) and float16-exact scales."""
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randint(-128, 128, (out, cols), generator=generator).to(torch.int8)
+    scale = (torch.rand(out, cols // 32, generator=generator) * 0.01).half().float()
+    return q, scale
+
+
+def _q8_0_op(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    packed, scales = pack_q8_0_q8(q, scale)
+    return torch.ops.layerserve.q8_0_q8_linear(x, packed, scales, q.shape[0])
+
+
+@pytest.mark.parametrize("out, cols", [(37, 96), (130, 32), (1000, 576)])
+def test_q8_0_matches_its_reference_and_is_batch_invariant(out: int, cols: int) -> None:
+    q, scale = _q8_0(out, cols, seed=out)
+    x = _rows(max(BATCHES), cols, seed=cols)
+    expected = reference_q8_0_q8_linear(x, q, scale)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for rows in BATCHES:
+                assert torch.equal(_q8_0_op(x[:rows].contiguous(), q, scale), expected[:rows])
+    finally:
+        torch.set_num_threads(threads)
+    exact = (
+        x.double() @ (q.double().unflatten(-1, (-1, 32)) * scale.double()[..., None]).flatten(1).T
+    )
+    relative = (expected.double() - exact).norm() / exact.norm()
+    assert 1e-3 < relative < 0.02  # the activations' int8 rounding, nothing more
+
+
+def test_q8_0_bad_inputs_are_refused() -> None:
+    q, scale = _q8_0(48, 64, seed=0)
+    packed, scales = pack_q8_0_q8(q, scale)
+    assert packed.shape == (2, 16, 128) and scales.dtype == torch.float16
+    op = torch.ops.layerserve.q8_0_q8_linear
+    with pytest.raises(RuntimeError, match="x \\[M, K\\] float32 contiguous"):
+        op(torch.randn(64, 2).t(), packed, scales, 48)
+    with pytest.raises(RuntimeError, match="K must divide by 32 and match packed's K / 4"):
+        op(torch.randn(2, 96), packed, scales, 48)
+    with pytest.raises(RuntimeError, match="packed \\[ceil\\(N / 32\\), K / 4, 128\\] uint8"):
+        op(torch.randn(2, 64), packed, scales, 100)
+    with pytest.raises(RuntimeError, match="scales \\[ceil\\(N / 32\\), K / 32, 32\\]"):
+        op(torch.randn(2, 64), packed, scales.double(), 48)

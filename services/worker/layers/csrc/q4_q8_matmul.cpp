@@ -57,23 +57,10 @@
 #define LAYERSERVE_VNNI 1
 #endif
 
-namespace {
+namespace q8_activations {
 
-constexpr int64_t kGroup = 32;     // input columns a group (a GGUF Q4 block, a Q8 block)
-constexpr int64_t kUnitRows = 32;  // output rows a unit of the layout: two vectors of 16 lanes
-constexpr int64_t kChunk = 8;      // input columns a 4-byte lane holds (two nibbles a byte)
-constexpr int64_t kChunkBytes = kUnitRows * 4;  // one chunk of a unit: 128 bytes
-constexpr int kMaxTile = 8;        // activation rows sharing one pass over a unit (registers)
-
-// Per row and group: the int8 values, d and the float sum (the op's first step).
-struct Quantized {
-  std::vector<int8_t> xq;  // [M, K]
-  std::vector<float> d;    // [M, K / 32]
-  std::vector<float> sx;   // [M, K / 32]
-};
-
-// One group's 32 values -> its int8 values; returns d.
-inline float quantize_group(const float* v, int8_t* xq) {
+// One group's 32 values -> its int8 values; returns d. Also q8_0_q8_matmul.cpp's.
+float quantize_group(const float* v, int8_t* xq) {
 #if defined(LAYERSERVE_VNNI)
   const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
@@ -91,15 +78,34 @@ inline float quantize_group(const float* v, int8_t* xq) {
   return d;
 #else
   float amax = 0.0f;
-  for (int64_t j = 0; j < kGroup; ++j) amax = std::max(amax, std::fabs(v[j]));
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
   const float d = amax / 127.0f;
-  for (int64_t j = 0; j < kGroup; ++j) {
+  for (int j = 0; j < 32; ++j) {
     const float r = d == 0.0f ? 0.0f : std::nearbyint(v[j] / d);  // x / d, as above
     xq[j] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, r)));
   }
   return d;
 #endif
 }
+
+}  // namespace q8_activations
+
+namespace {
+
+using q8_activations::quantize_group;
+
+constexpr int64_t kGroup = 32;     // input columns a group (a GGUF Q4 block, a Q8 block)
+constexpr int64_t kUnitRows = 32;  // output rows a unit of the layout: two vectors of 16 lanes
+constexpr int64_t kChunk = 8;      // input columns a 4-byte lane holds (two nibbles a byte)
+constexpr int64_t kChunkBytes = kUnitRows * 4;  // one chunk of a unit: 128 bytes
+constexpr int kMaxTile = 8;        // activation rows sharing one pass over a unit (registers)
+
+// Per row and group: the int8 values, d and the float sum (the op's first step).
+struct Quantized {
+  std::vector<int8_t> xq;  // [M, K]
+  std::vector<float> d;    // [M, K / 32]
+  std::vector<float> sx;   // [M, K / 32]
+};
 
 // One row of K columns -> its int8 values, and per group d and sx.
 void quantize_row(const float* x, int64_t k, int8_t* xq, float* d, float* sx) {
