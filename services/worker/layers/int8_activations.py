@@ -3,7 +3,8 @@ is quantized to int8 per group of 32 columns inside the op and the products q * 
 exactly in int32 by AVX512-VNNI (torch.ops.layerserve.q4_q8_linear, csrc/q4_q8_matmul.cpp,
 whose header states the formula and what it changes against float32 sums), as llama.cpp's Q8
 blocks do. Every output row is bit-identical whatever the call's row count and thread count, so
-a speculative verify step (1 + k rows) gives the same logits as k + 1 single-row steps.
+a speculative verify step (1 + k rows) gives the same logits as k + 1 single-row steps. The
+price is the activations' rounding: the csrc header gives its measured perplexity cost.
 
 This module holds the op's layout (pack_q4_q8 and its inverse), the kernel, and the formula in
 torch (reference_q4_q8_linear) that the tests hold the op to. It imports nothing of

@@ -18,7 +18,12 @@
 // (0..15 steps above the group's minimum, not centred on 0): on random Gaussian data an output
 // is ~1.2% (relative RMS) off the float32 product with the same weights, where q4_linear is
 // ~1e-7 off. The offset part (offset * sum x) stays in float32 and the integer sums are exact.
-// The rounding, like the rest, does not depend on the batch.
+// The rounding, like the rest, does not depend on the batch. Measured on whole models
+// (benchmarks/perplexity.py, float32 + the GGUF's 4-bit weights kept): SmolLM2-135M Q4_1
+// perplexity +1.05% over float32 dense, top-1 = float32's at 91.3% of positions (q4_linear:
+// +0.00%, 100%); Gemma 3 270M Q4_K +0.62%, 96.6%. Per kind of linear (SmolLM2, int8 activations
+// in that kind alone, 2,048 tokens): q/k/v cost a mean KL of 0.014 nats, gate/up and down 0.008
+// each, o 0.001.
 //
 // Batch-invariant: every output is that sequence of operations whatever M is, whichever tile of
 // rows it falls in and whatever the thread count: the threads share N in units of 32 output
