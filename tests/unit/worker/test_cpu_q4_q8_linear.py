@@ -5,15 +5,21 @@ count (what lets a speculative verify step reproduce single-row steps), within t
 rounding's bound of float32 x dequantized weight, at odd shapes, for GGUF's Q4_0, Q4_1 and Q4_K
 blocks; the weight read back exactly from the op's layout; bad inputs refused with a message
 saying what was expected. The Q8_0 head's op with int8 activations (q8_0_q8_matmul.cpp) is held
-to the same."""
+to the same; and the served SmolLM2 with int8act weights gives a sequence the same hidden states
+however its prompt is chunked or batched."""
 
 from __future__ import annotations
+
+import copy
+import dataclasses
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from services.worker.layers.attention import StepAttention
+from services.worker.layers.attention_backends import choose_attention_backend
 from services.worker.layers.gguf_quant import (
     BLOCK_BYTES,
     Q4_0,
@@ -31,6 +37,9 @@ from services.worker.layers.int8_activations import (
     reference_q4_q8_linear,
     reference_q8_0_q8_linear,
 )
+from services.worker.layers.kv_cache import PagedKVCache
+from services.worker.model.loader import LoadedModel
+from services.worker.model.quant import quantize_loaded
 
 pytestmark = pytest.mark.usefixtures("cpu_extension")  # conftest: built if need be
 
@@ -230,3 +239,57 @@ def test_q8_0_bad_inputs_are_refused() -> None:
         op(torch.randn(2, 64), packed, scales, 100)
     with pytest.raises(RuntimeError, match="scales \\[ceil\\(N / 32\\), K / 32, 32\\]"):
         op(torch.randn(2, 64), packed, scales.double(), 48)
+
+
+# The served model with kernel "int8act": a sequence's hidden states do not depend on how its
+# prompt is chunked or what it is batched with (what a speculative verify step needs).
+
+BLOCK = 16
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def int8act_model(smollm: LoadedModel) -> LoadedModel:
+    """The session's SmolLM2, copied, with its Q4_1 weights kept and computed by int8act."""
+    copied = dataclasses.replace(smollm, model=copy.deepcopy(smollm.model))
+    return quantize_loaded(copied, "gguf", "int8act")
+
+
+def _prefill(loaded: LoadedModel, prompts: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
+    """Each prompt's hidden states [T, d], the prompts prefilled together `chunk` tokens a step
+    each, in a fresh KV cache."""
+    backend = choose_attention_backend("auto", CPU, loaded.config.head_dim)
+    cache = PagedKVCache(loaded.config, 2 * len(prompts), BLOCK, torch.float32, CPU)
+    tables = [[2 * i, 2 * i + 1] for i in range(len(prompts))]
+    done, outputs = 0, [[] for _ in prompts]
+    while done < max(len(p) for p in prompts):
+        query = [min(chunk, max(len(p) - done, 0)) for p in prompts]
+        active = [i for i, q in enumerate(query) if q]
+        context = [done + query[i] for i in active]
+        attn = StepAttention.build(
+            [query[i] for i in active], context, [[tables[i] for i in active]], BLOCK, CPU, backend
+        )
+        ids = torch.cat([prompts[i][done : done + query[i]] for i in active])
+        with torch.no_grad():
+            hidden = loaded.model(ids, attn.positions, attn, cache)
+        for i, part in zip(active, hidden.split([query[i] for i in active]), strict=True):
+            outputs[i].append(part)
+        done += chunk
+    return [torch.cat(parts) for parts in outputs]
+
+
+def test_the_models_rows_are_the_same_however_a_prompt_is_chunked_or_batched(
+    int8act_model: LoadedModel,
+) -> None:
+    weights = [b for m in int8act_model.model.modules() for b in m.buffers()]
+    assert any(isinstance(w, Int4Weight) for w in weights)
+    assert all(w.kernel is INT8ACT for w in weights if isinstance(w, Int4Weight))
+    generator = torch.Generator().manual_seed(0)
+    vocab = int8act_model.config.vocab_size
+    prompt, other = (torch.randint(vocab, (n,), generator=generator) for n in (21, 13))
+    (one_at_a_time,) = _prefill(int8act_model, [prompt], chunk=1)
+    for chunk in (4, 5, 21):
+        (chunked,) = _prefill(int8act_model, [prompt], chunk)
+        assert torch.equal(chunked, one_at_a_time), chunk
+    batched, _ = _prefill(int8act_model, [prompt, other], chunk=7)
+    assert torch.equal(batched, one_at_a_time)
