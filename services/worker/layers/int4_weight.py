@@ -168,6 +168,10 @@ def int4_kernel(name: str, device: torch.device, dtype: torch.dtype = torch.bflo
     for float32 weights, when the extension is built, the float32 op (Q4LinearOp) at every
     row count; on CUDA the Triton kernel up to TRITON_MAX_ROWS rows, dequantize-then-GEMM
     above."""
+    if name == Q4_OP.name:  # asked for by name (--activations float32)
+        if device.type != "cpu" or dtype != torch.float32 or not q4_op_available():
+            raise ValueError("the q4_linear kernel needs float32 on the CPU and the C++ extension")
+        return Q4_OP
     if name == int8act.INT8ACT.name:
         if device.type != "cpu" or dtype != torch.float32 or not int8act.q4_q8_op_available():
             raise ValueError("the int8act kernel needs float32 on the CPU and the C++ extension")
