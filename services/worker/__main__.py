@@ -93,6 +93,7 @@ def _create_runner(config: WorkerConfig, device: str) -> Runner:
             cuda_graph_max_batch=0 if config.enforce_eager else config.cuda_graph_max_batch,
             quantization=config.quantization,
             kv_cache_dtype=config.kv_cache_dtype,
+            activations=config.activations,
         )
     except ValueError as e:  # a model, size or kernel choice that cannot work: one clear line
         raise SystemExit(f"worker: cannot start: {e}") from None

@@ -15,7 +15,10 @@ from services.common.settings import (
 )
 from services.worker.dtype_choice import DTYPE_CHOICES
 from services.worker.kernel_choice import KERNEL_CHOICES
-from services.worker.model.quant_choice import QUANTIZATION_CHOICES  # model/quant.py does it
+from services.worker.model.quant_choice import (  # model/quant.py does it
+    ACTIVATION_CHOICES,
+    QUANTIZATION_CHOICES,
+)
 
 KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "bfloat16", "int8")  # --kv-cache-dtype
 
@@ -166,6 +169,17 @@ class WorkerConfig:
         "4-bit linears (32 columns a group); gguf: the file's block-quantized tensors kept as "
         "stored (Q4_0/Q4_1/Q4_K 4-bit; Q8_0/Q5_0 as int8 under float32 on the CPU; "
         "activations and norms stay in --dtype)",
+    )
+    activations: str = setting(  # the 4-bit kernels' activations: quant_choice.ACTIVATION_CHOICES
+        "--activations",
+        env="WORKER_ACTIVATIONS",
+        default="auto",
+        choices=ACTIVATION_CHOICES,
+        help="what the CPU's kernels for 4-bit and Q8_0 weights multiply them with: float32 "
+        "(every sum in float32: greedy text equals float32 dense weights'); int16 or int8 (each "
+        "row quantized per 32 columns, sums exact in int32 with AVX512-VNNI: a row's result "
+        "does not depend on its batch; int8 is llama.cpp's Q8 and costs quality); auto: the "
+        "worker's measured choice, logged",
     )
     drain_timeout_s: float = drain_timeout_setting()  # on SIGTERM, for requests it holds
     metrics_port: int = metrics_port_setting()

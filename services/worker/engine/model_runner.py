@@ -29,6 +29,7 @@ from services.worker.layers.kv_cache import (
 from services.worker.model.flat_layers import FlatLayers
 from services.worker.model.loaded import LoadedModel
 from services.worker.model.quant import quantize_loaded
+from services.worker.model.quant_choice import activation_kernel
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -124,18 +125,21 @@ class ModelRunner:
         cuda_graph_max_batch: int | None = None,
         quantization: str = "none",
         kv_cache_dtype: str = "auto",
+        activations: str = "auto",
     ) -> ModelRunner:
         """Loads the model (the bundled SmolLM2 GGUF by default) and allocates the KV cache.
 
         num_blocks wins over kv_cache_bytes; with neither, see DEFAULT_*_KV_* above.
         cuda_graph_max_batch: None = DEFAULT_CUDA_GRAPH_MAX_BATCH on CUDA; 0 = eager only.
         quantization: "none" or "int8" (weight-only, model/quant.py), applied after loading.
-        kv_cache_dtype: "auto" (dtype), or one of KV_CACHE_DTYPES."""
+        kv_cache_dtype: "auto" (dtype), or one of KV_CACHE_DTYPES.
+        activations: what 4-bit weights' kernels take (quant_choice.ACTIVATION_CHOICES)."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if kv_cache_dtype != "auto" and kv_cache_dtype not in KV_CACHE_DTYPES:
             choices = ", ".join(["auto", *KV_CACHE_DTYPES])
             raise ValueError(f"kv_cache_dtype must be one of {choices}, got {kv_cache_dtype!r}")
+        four_bit_kernel = activation_kernel(activations)  # a bad name fails before the load
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         # Here, not at the top: the loaders import gguf and safetensors, which running a model
@@ -147,7 +151,7 @@ class ModelRunner:
         torch_dtype = DTYPES[dtype]
         kv_dtype = torch_dtype if kv_cache_dtype == "auto" else KV_CACHE_DTYPES[kv_cache_dtype]
         loaded = load_model(path or default_path(), dtype=torch_dtype, device=torch_device)
-        loaded = quantize_loaded(loaded, quantization)
+        loaded = quantize_loaded(loaded, quantization, four_bit_kernel)
         limit = loaded.config.max_position_embeddings
         if max_model_len is not None and not 0 < max_model_len <= limit:
             raise ValueError(f"max_model_len must be in [1, {limit}], got {max_model_len}")

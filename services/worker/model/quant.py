@@ -20,7 +20,7 @@ from services.worker.layers.int4_weight import Int4Weight
 from services.worker.layers.int8_weight import KERNEL_CHOICES, Int8Weight
 from services.worker.layers.quantized_weight import QuantizedWeight
 from services.worker.model.loaded import LoadedModel
-from services.worker.model.quant_choice import resolve_quantization
+from services.worker.model.quant_choice import ACTIVATION_KERNELS, resolve_quantization
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def quantize_model(
         raise ValueError(
             f"unknown quantization method {method!r}; expected one of {QUANTIZATION_METHODS}"
         )
-    if kernel not in KERNEL_CHOICES:
+    if method == "int8" and kernel not in KERNEL_CHOICES:
         raise ValueError(f"unknown int8 kernel {kernel!r}; expected one of {KERNEL_CHOICES}")
     if method in ("none", "gguf"):  # gguf: quantize_loaded, which knows the file
         return 0
@@ -92,6 +92,8 @@ def quantize_loaded(
         choice = resolve_quantization(method, loaded.path, first.device.type, dtype)
         logger.info("weights: quantization %s (%s)", choice.method, choice.reason)
         method = choice.method
+    if method not in ("gguf", "int4") and kernel in ACTIVATION_KERNELS.values():
+        kernel = "auto"  # --activations: the 4-bit kernels' (and Q8_0's beside them) only
     if method == "gguf":
         from services.worker.model.gguf_weights import keep_gguf_quantized  # reads the file
 
@@ -100,6 +102,9 @@ def quantize_loaded(
         replaced = quantize_model(loaded.model, method, kernel, embeddings)
     if replaced == 0:
         return loaded
+    four_bit = {b.kernel.name for b in loaded.model.buffers() if isinstance(b, Int4Weight)}
+    if four_bit:
+        logger.info("weights: 4-bit linears through %s", ", ".join(sorted(four_bit)))
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the float weights' memory, so the KV cache can size into it
     recipe = f"{loaded.fingerprint}\0{method}" + ("\0embeddings" if embeddings else "")

@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4", "gguf")  # --quantization
+# --activations: what a CPU's 4-bit (and Q8_0) kernels multiply the weights' values with, by the
+# Int4Weight kernel each names (int4_weight.py, int8_activations.py); "auto": int4_kernel's choice.
+ACTIVATION_KERNELS = {"float32": "q4_linear", "int16": "int16act", "int8": "int8act"}
+ACTIVATION_CHOICES = ("auto", *ACTIVATION_KERNELS)
 _KEPT_REASONS = {  # by the GGUF's general.architecture, where "auto" keeps its weights
     "llama": "auto: the file's Q4_0/Q4_1 weights kept 4-bit",
     "gemma3": "auto: the file's Q4_K weights kept 4-bit, Q5_0/Q8_0 as int8",
@@ -48,6 +52,15 @@ def resolve_quantization(
     if device_type != "cpu":
         return QuantizationChoice("none", f"auto: no measured 4-bit kernel on {device_type} yet")
     return QuantizationChoice("gguf", _KEPT_REASONS[architecture])
+
+
+def activation_kernel(choice: str) -> str:
+    """The Int4Weight kernel for --activations `choice` ("auto" for "auto")."""
+    if choice not in ACTIVATION_CHOICES:
+        raise ValueError(
+            f"--activations must be one of {', '.join(ACTIVATION_CHOICES)}, got {choice!r}"
+        )
+    return ACTIVATION_KERNELS.get(choice, "auto")
 
 
 def keeps_four_bit(choice: str, path: Path | None, device_type: str) -> bool:

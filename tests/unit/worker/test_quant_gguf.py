@@ -56,3 +56,26 @@ def test_auto_keeps_the_files_4_bit_weights_under_float32_compute_and_says_why(
     assert "quantization gguf (auto: the file's Q4_0/Q4_1 weights kept 4-bit" in caplog.text
     assert any(isinstance(b, Int4Weight) for b in kept.model.buffers())
     assert kept.fingerprint != smollm.fingerprint
+
+
+def test_activations_choose_what_the_4_bit_weights_multiply(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--activations int8 serves the file's 4-bit weights through int8 activations (linears
+    and the Q8_0 head alike), says so at load, and a name it does not know stops the start
+    before the model loads."""
+    from services.worker.config import WorkerConfig
+    from services.worker.engine.model_runner import ModelRunner
+    from services.worker.layers.q8_0_weight import Q8_0Weight
+
+    assert WorkerConfig.from_args(["--activations", "int8"]).activations == "int8"
+    monkeypatch.setenv("LAYERSERVE_WORKER_ACTIVATIONS", "float32")
+    assert WorkerConfig.from_args([]).activations == "float32"
+    with caplog.at_level("INFO", logger="services.worker.model.quant"):
+        runner = ModelRunner.create(num_blocks=8, quantization="gguf", activations="int8")
+    buffers = list(runner._model.buffers())
+    assert {b.kernel.name for b in buffers if isinstance(b, Int4Weight)} == {"int8act"}
+    assert all(b.packed is not None for b in buffers if isinstance(b, Q8_0Weight))
+    assert "4-bit linears through int8act" in caplog.text
+    with pytest.raises(ValueError, match="--activations must be one of auto, float32"):
+        ModelRunner.create(activations="fp8")
