@@ -14,8 +14,9 @@ It keeps the values in one of two pairs of forms, by how they are computed:
   dtype (bfloat16 for float32 activations: 8 bits of mantissa); beside it two nibbles a byte
   [out, in / 2] (column 2j low, 2j + 1 high), which the dequantize-then-GEMM kernel and
   embedding lookups unpack (one byte a weight in all).
-Asked for by name ("int8act", a float32 weight on the CPU), the layout of int8_activations.py's
-op instead, which quantizes the activations to int8 and sums in int32: batch-invariant."""
+Asked for by name ("int16act" or "int8act", a float32 weight on the CPU), the layout of
+int8_activations.py's ops instead, which quantize the activations to int16 or int8 and sum in
+int32: batch-invariant."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from services.worker.layers import int8_activations as int8act
+from services.worker.layers import int8_activations as int_act
 from services.worker.layers.gguf_quant import GROUP_SIZE, GroupQuant
 from services.worker.layers.quantized_weight import QuantizedWeight
 
@@ -172,10 +173,10 @@ def int4_kernel(name: str, device: torch.device, dtype: torch.dtype = torch.bflo
         if device.type != "cpu" or dtype != torch.float32 or not q4_op_available():
             raise ValueError("the q4_linear kernel needs float32 on the CPU and the C++ extension")
         return Q4_OP
-    if name == int8act.INT8ACT.name:
-        if device.type != "cpu" or dtype != torch.float32 or not int8act.q4_q8_op_available():
-            raise ValueError("the int8act kernel needs float32 on the CPU and the C++ extension")
-        return int8act.INT8ACT
+    if name in int_act.INT_ACTIVATION_KERNELS:
+        if device.type != "cpu" or dtype != torch.float32 or not int_act.op_available(name):
+            raise ValueError(f"the {name} kernel needs float32 on the CPU and the C++ extension")
+        return int_act.INT_ACTIVATION_KERNELS[name]
     if device.type != "cpu":
         return DEQUANT if name == "dequant" else ByRows(TRITON, DEQUANT, TRITON_MAX_ROWS)
     if name in INT4_KERNELS:
@@ -207,8 +208,8 @@ class Int4Weight(QuantizedWeight):
     scales_and_zeros: torch.Tensor  # [in / 32, out, 2], compute dtype (as tiles)
     kernel: Int4Kernel
     op_rows: int  # linear() calls the C++ op itself up to this many rows (-1: never)
-    _op: Callable[..., torch.Tensor]  # that op: q4_linear, or q4_q8_linear for "int8act"
-    int8_activations: bool  # whether that op is q4_q8_linear (packed, pairs: its layout)
+    _op: Callable[..., torch.Tensor]  # that op: q4_linear, or q4_q16_linear / q4_q8_linear
+    activations: str  # what that op multiplies: "float32" (q4_linear), "int16", "int8"
 
     @staticmethod
     def __new__(cls, groups: GroupQuant, dtype: torch.dtype, kernel: str = "auto") -> Int4Weight:
@@ -218,17 +219,17 @@ class Int4Weight(QuantizedWeight):
         nibbles = pack_nibbles(groups.q)
         chosen = int4_kernel(kernel, device, dtype)
         empty = torch.empty(0, device=device)
-        if chosen is Q4_OP or chosen is int8act.INT8ACT:
-            if chosen is Q4_OP:
-                layout = pack_q4_columns(nibbles, groups.scale, groups.offset)
+        integer = isinstance(chosen, int_act.IntActivationsOp)
+        if chosen is Q4_OP or integer:
+            if integer:
+                layout = int_act.pack_q4_q8(groups.q, groups.scale, groups.offset)
             else:
-                layout = int8act.pack_q4_q8(groups.q, groups.scale, groups.offset)
+                layout = pack_q4_columns(nibbles, groups.scale, groups.offset)
             weight = QuantizedWeight._wrap(cls, layout[0], dtype)
             weight.packed, weight.pairs = layout
+            weight._op = chosen.op if integer else torch.ops.layerserve.q4_linear
+            weight.activations = int_act.activations_of(chosen)
             weight._nibbles = weight._scale = weight._offset = None  # read back from packed
-            weight.int8_activations = chosen is int8act.INT8ACT
-            ops = torch.ops.layerserve
-            weight._op = ops.q4_q8_linear if weight.int8_activations else ops.q4_linear
             weight.op_rows = sys.maxsize  # every row count
         else:
             weight = QuantizedWeight._wrap(cls, nibbles, dtype)
@@ -237,7 +238,7 @@ class Int4Weight(QuantizedWeight):
             weight._scale = groups.scale.to(dtype).contiguous()
             weight._offset = groups.offset.to(dtype).contiguous()
             weight.op_rows = -1
-            weight.int8_activations = False
+            weight.activations = "float32"
         weight.out_features, weight.kernel = groups.q.shape[0], chosen
         weight.tiles = weight.scales_and_zeros = empty
         if device.type == "cpu" and weight.op_rows < 0:  # int4pack's layout, where it may run
@@ -263,8 +264,8 @@ class Int4Weight(QuantizedWeight):
         """uint8 [out, in / 2], two a byte (pack_nibbles)."""
         if self._nibbles is not None:
             return self._nibbles
-        if self.kernel is int8act.INT8ACT:
-            return pack_nibbles(int8act.unpack_q4_q8(self.packed, self.pairs, self.out_features)[0])
+        if isinstance(self.kernel, int_act.IntActivationsOp):
+            return pack_nibbles(int_act.unpack_q4_q8(self.packed, self.pairs, self.out_features)[0])
         blocks, half, width = self.packed.shape
         return self.packed.transpose(1, 2).reshape(blocks * width, half)[: self.out_features]
 
@@ -279,8 +280,8 @@ class Int4Weight(QuantizedWeight):
         return self._offset if self._offset is not None else self._pair(1)
 
     def _pair(self, index: int) -> torch.Tensor:
-        if self.kernel is int8act.INT8ACT:
-            values = int8act.unpack_q4_q8(self.packed, self.pairs, self.out_features)[1 + index]
+        if isinstance(self.kernel, int_act.IntActivationsOp):
+            values = int_act.unpack_q4_q8(self.packed, self.pairs, self.out_features)[1 + index]
             return values.to(self.compute_dtype)
         blocks, groups, _, width = self.pairs.shape
         values = self.pairs[:, :, index].transpose(1, 2).reshape(blocks * width, groups)

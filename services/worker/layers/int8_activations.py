@@ -1,14 +1,16 @@
-"""4-bit weights times int8 activations (the Int4Weight kernel "int8act"): each activation row
-is quantized to int8 per group of 32 columns inside the op and the products q * xq are summed
-exactly in int32 by AVX512-VNNI (torch.ops.layerserve.q4_q8_linear, csrc/q4_q8_matmul.cpp,
-whose header states the formula and what it changes against float32 sums), as llama.cpp's Q8
-blocks do. Every output row is bit-identical whatever the call's row count and thread count, so
-a speculative verify step (1 + k rows) gives the same logits as k + 1 single-row steps. The
-price is the activations' rounding: the csrc header gives its measured perplexity cost.
+"""4-bit weights times integer activations (the Int4Weight kernels "int8act" and "int16act"):
+each activation row is quantized to int8 or int16 per group of 32 columns inside the op and the
+products q * xq are summed exactly in int32 by AVX512-VNNI (torch.ops.layerserve.q4_q8_linear
+and q4_q16_linear, csrc/q4_q8_matmul.cpp and csrc/int_activations.h, which state the formula
+and what it changes against float32 sums); int8 as llama.cpp's Q8 blocks do. Every output row
+is bit-identical whatever the call's row count and thread count, so a speculative verify step
+(1 + k rows) gives the same logits as k + 1 single-row steps. The price is the activations'
+rounding: 1/254 of a group's largest |x| for int8 (the csrc header gives its measured
+perplexity cost), 1/65534 for int16.
 
-This module holds the op's layout (pack_q4_q8 and its inverse), the kernel, and the formula in
-torch (reference_q4_q8_linear) that the tests hold the op to. It imports nothing of
-int4_weight.py, which imports it."""
+This module holds the ops' layouts (pack_q4_q8 and its inverse, pack_q8_0_q8 for the Q8_0 head),
+the kernels, and the formulas in torch (reference_q4_linear, reference_q8_0_linear) that the
+tests hold the ops to. It imports nothing of int4_weight.py, which imports it."""
 
 from __future__ import annotations
 
@@ -23,37 +25,58 @@ UNIT_ROWS = 32  # output rows a unit of the op's layout: two vectors of 16 int32
 CHUNK = 8  # input columns one 4-byte lane holds: byte j = q[c + j] | q[c + 4 + j] << 4
 
 
+INT8, INT16 = 127, 32767  # the activations' largest |xq|: int8, int16
+
+
 class PackedQ4Q8(Protocol):
-    """What the kernel reads of a weight (Int4Weight made with kernel="int8act")."""
+    """What the kernels read of a weight (Int4Weight made with kernel="int8act" or "int16act")."""
 
     packed: torch.Tensor
     pairs: torch.Tensor
     out_features: int
 
 
-class Int8ActivationsOp:
-    """torch.ops.layerserve.q4_q8_linear: float32 activations in and out, int8 activations and
-    int32 sums inside, the weight in the op's layout (pack_q4_q8), any number of rows. Only for
-    float32 weights on the CPU when the extension is built (int4_kernel checks both)."""
+class IntActivationsOp:
+    """torch.ops.layerserve.q4_q8_linear (int8) or q4_q16_linear (int16): float32 activations
+    in and out, integer activations and int32 sums inside, the weight in the ops' layout
+    (pack_q4_q8), any number of rows. Only for float32 weights on the CPU when the extension is
+    built (int4_kernel checks both). `activations` names the kind ("int8", "int16"): the C++
+    layer loop and the Q8_0 head take the same kind."""
 
-    name = "int8act"
+    def __init__(self, name: str, activations: str, op_name: str, head_op_name: str) -> None:
+        self.name, self.activations = name, activations
+        self.op_name, self.head_op_name = op_name, head_op_name
+
+    @property
+    def op(self) -> torch._ops.OpOverloadPacket:
+        return getattr(torch.ops.layerserve, self.op_name)
 
     def __call__(self, x: torch.Tensor, weight: PackedQ4Q8) -> torch.Tensor:
-        op, rows = torch.ops.layerserve.q4_q8_linear, weight.out_features
+        op, rows = self.op, weight.out_features
         if x.dim() == 2 and x.is_contiguous():  # the model's [T, d]: no reshapes to dispatch
             return op(x, weight.packed, weight.pairs, rows)
         out = op(x.reshape(-1, x.shape[-1]).contiguous(), weight.packed, weight.pairs, rows)
         return out.reshape(*x.shape[:-1], rows)
 
 
-INT8ACT = Int8ActivationsOp()
+INT8ACT = IntActivationsOp("int8act", "int8", "q4_q8_linear", "q8_0_q8_linear")
+INT16ACT = IntActivationsOp("int16act", "int16", "q4_q16_linear", "q8_0_q16_linear")
+INT_ACTIVATION_KERNELS = {kernel.name: kernel for kernel in (INT8ACT, INT16ACT)}
+# The Q8_0 head's op for each kind: the head takes the linears' activations.
+HEAD_OPS = {kernel.activations: kernel.head_op_name for kernel in (INT8ACT, INT16ACT)}
 
 
-def q4_q8_op_available() -> bool:
-    """Whether the C++ extension with torch.ops.layerserve.q4_q8_linear is built and loaded."""
+def activations_of(kernel: object) -> str:
+    """What an Int4Weight kernel multiplies: "int8" or "int16" for these, else "float32"."""
+    return kernel.activations if isinstance(kernel, IntActivationsOp) else "float32"
+
+
+def op_available(kernel_name: str) -> bool:
+    """Whether the C++ extension with that kernel's op is built and loaded."""
     from services.worker.layers import cpu_attention_ext
 
-    return cpu_attention_ext.load() and hasattr(torch.ops.layerserve, "q4_q8_linear")
+    op_name = INT_ACTIVATION_KERNELS[kernel_name].op_name
+    return cpu_attention_ext.load() and hasattr(torch.ops.layerserve, op_name)
 
 
 def pack_q4_q8(
@@ -87,29 +110,30 @@ def unpack_q4_q8(
 
 
 def quantize_activations(
-    x: torch.Tensor,
+    x: torch.Tensor, limit: int = INT8
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x float32 [M, K] -> (xq [M, K / 32, 32] in -127..127 as float32, d and sx [M, K / 32]):
-    per group d = max|x| / 127, xq = x / d rounded half to even (0 where d == 0), sx the
-    group's float32 sum in column order."""
+    """x float32 [M, K] -> (xq [M, K / 32, 32] in -limit..limit as float32, d and sx [M, K /
+    32]): per group d = max|x| / limit, xq = x / d rounded half to even (0 where d == 0), sx
+    the group's float32 sum in column order."""
     groups = x.view(x.shape[0], -1, GROUP_SIZE)
-    d = groups.abs().amax(dim=-1) / 127
+    d = groups.abs().amax(dim=-1) / limit
     ratio = groups / torch.where(d > 0, d, 1)[..., None]
-    xq = torch.where(d[..., None] > 0, torch.round(ratio), 0).clamp(-127, 127)
+    xq = torch.where(d[..., None] > 0, torch.round(ratio), 0).clamp(-limit, limit)
     sx = torch.zeros_like(d)
     for j in range(GROUP_SIZE):  # in column order, as the op adds them
         sx = sx + groups[..., j]
     return xq, d, sx
 
 
-def reference_q4_q8_linear(
-    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
+def reference_q4_linear(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, limit: int
 ) -> torch.Tensor:
-    """The op's formula in torch: x float32 [M, K], q [N, K] in 0..15, scale and offset float32
-    [N, K / 32] -> [M, N] float32. A fused multiply-add is computed in float64 and rounded to
-    float32 (a*b is exact in float64; the sum's double rounding differs from the op's single one
-    only when it lands on a float32 tie, about 2^-29 of the time)."""
-    xq, d, sx = quantize_activations(x)
+    """The ops' formula in torch (limit INT8: q4_q8_linear, INT16: q4_q16_linear): x float32
+    [M, K], q [N, K] in 0..15, scale and offset float32 [N, K / 32] -> [M, N] float32. A fused
+    multiply-add is computed in float64 and rounded to float32 (a*b is exact in float64; the
+    sum's double rounding differs from the op's single one only when it lands on a float32 tie,
+    about 2^-29 of the time)."""
+    xq, d, sx = quantize_activations(x, limit)
     q_groups = q.double().view(q.shape[0], -1, GROUP_SIZE)
     isum = torch.einsum("mgj,ngj->mng", xq.double(), q_groups).float()  # exact integers
     acc = torch.zeros(x.shape[0], q.shape[0])
@@ -125,10 +149,11 @@ def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 
 def pack_q8_0_q8(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch.ops.layerserve.q8_0_q8_linear's layout (csrc/q8_0_q8_matmul.cpp): Q8_0's q int8
-    [out, in] -> packed uint8 [units, in / 4, 32 * 4], unit u holding output rows 32u..32u+31
-    (the last padded with zero rows), for each 4 columns row i's 4 bytes q + 128; scale [out,
-    in / 32] -> [units, in / 32, 32], float16 where every value is exactly a float16."""
+    """The layout of torch.ops.layerserve.q8_0_q8_linear and q8_0_q16_linear
+    (csrc/q8_0_q8_matmul.cpp): Q8_0's q int8 [out, in] -> packed uint8 [units, in / 4, 32 * 4],
+    unit u holding output rows 32u..32u+31 (the last padded with zero rows), for each 4 columns
+    row i's 4 bytes q + 128; scale [out, in / 32] -> [units, in / 32, 32], float16 where every
+    value is exactly a float16."""
     rows, cols = q.shape
     units = -(-rows // UNIT_ROWS)
     pad = units * UNIT_ROWS - rows
@@ -141,10 +166,13 @@ def pack_q8_0_q8(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, to
     return packed, (halves if torch.equal(halves.float(), scales) else scales)
 
 
-def reference_q8_0_q8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """q8_0_q8_linear's formula in torch: x float32 [M, K], q int8 [N, K], scale float32
-    [N, K / 32] -> [M, N] float32 (fused multiply-adds as in reference_q4_q8_linear)."""
-    xq, d, _ = quantize_activations(x)
+def reference_q8_0_linear(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, limit: int
+) -> torch.Tensor:
+    """q8_0_q8_linear's (limit INT8) or q8_0_q16_linear's (INT16) formula in torch: x float32
+    [M, K], q int8 [N, K], scale float32 [N, K / 32] -> [M, N] float32 (fused multiply-adds as
+    in reference_q4_linear)."""
+    xq, d, _ = quantize_activations(x, limit)
     q_groups = q.double().view(q.shape[0], -1, GROUP_SIZE)
     isum = torch.einsum("mgj,ngj->mng", xq.double(), q_groups).float()  # exact integers
     acc = torch.zeros(x.shape[0], q.shape[0])

@@ -61,8 +61,8 @@ def direct_linear(weight: torch.Tensor) -> tuple[Linear, int]:
 
 @dataclass(frozen=True, slots=True)
 class _Native:
-    """What csrc/llama_layers.cpp takes of the weights: every linear a 4-bit q4_linear, or every
-    one a q4_q8_linear (int8_activations)."""
+    """What csrc/llama_layers.cpp takes of the weights: every linear 4-bit through one op,
+    q4_linear, q4_q16_linear or q4_q8_linear (activations "float32", "int16", "int8")."""
 
     norms: list[torch.Tensor]  # per layer: input, post-attention
     packed: list[torch.Tensor]  # per layer: qkv, o, gate_up, down
@@ -70,7 +70,7 @@ class _Native:
     out_rows: list[int]
     shape: list[int]  # H, Hkv, D
     eps: float
-    int8_activations: bool
+    activations: str
 
 
 class FlatLayers:
@@ -173,35 +173,36 @@ class FlatLayers:
             x, native.norms, native.packed, native.pairs, native.out_rows, *rotary, k_flat,
             v_flat, k_cache, v_cache, meta.slot_mapping, meta.query_start,
             meta.context_lens_device, meta.block_tables, native.shape, native.eps,
-            1.0 / math.sqrt(native.shape[2]), backend.avx512_bf16, native.int8_activations,
+            1.0 / math.sqrt(native.shape[2]), backend.avx512_bf16, native.activations,
         )  # fmt: skip
 
 
 def _native(decoder_layers: nn.ModuleList) -> _Native | None:
-    """The C++ loop's weight arguments, where every linear is 4-bit through one op (q4_linear
-    or q4_q8_linear) at any row count and the norms float32 with one eps; else None."""
+    """The C++ loop's weight arguments, where every linear is 4-bit through one op (q4_linear,
+    q4_q16_linear or q4_q8_linear) at any row count and the norms float32 with one eps; else
+    None."""
     if not _library_has("llama_layers"):
         return None
     norms, packed, pairs, out_rows = [], [], [], []
     eps = {layer.eps for layer in decoder_layers}
-    int8_activations = set()
+    activations = set()
     for layer in decoder_layers:
         attn, mlp = layer.self_attn, layer.mlp
         for weight in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
             if not isinstance(weight, Int4Weight) or weight.op_rows != sys.maxsize:
                 return None
-            int8_activations.add(weight.int8_activations)
+            activations.add(weight.activations)
             packed.append(weight.packed)
             pairs.append(weight.pairs)
             out_rows.append(weight.out_features)
         norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-    if len(eps) != 1 or len(int8_activations) != 1:
+    if len(eps) != 1 or len(activations) != 1:
         return None
     if any(norm.dtype != torch.float32 for norm in norms):
         return None
     first = decoder_layers[0].self_attn
     shape = [first.num_heads, first.num_kv_heads, first.head_dim]
-    return _Native(norms, packed, pairs, out_rows, shape, eps.pop(), int8_activations.pop())
+    return _Native(norms, packed, pairs, out_rows, shape, eps.pop(), activations.pop())
 
 
 def _native_step(backend, attn: StepAttention) -> bool:

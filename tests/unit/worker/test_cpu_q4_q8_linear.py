@@ -1,12 +1,12 @@
-"""The extension's 4-bit linear with int8 activations (csrc/q4_q8_matmul.cpp, Int4Weight's
-kernel "int8act"): bit for bit the formula its header states (int8_activations'
-reference_q4_q8_linear), each output row the same whatever the call's row count and thread
-count (what lets a speculative verify step reproduce single-row steps), within the int8
-rounding's bound of float32 x dequantized weight, at odd shapes, for GGUF's Q4_0, Q4_1 and Q4_K
-blocks; the weight read back exactly from the op's layout; bad inputs refused with a message
-saying what was expected. The Q8_0 head's op with int8 activations (q8_0_q8_matmul.cpp) is held
-to the same; and the served SmolLM2 with int8act weights gives a sequence the same hidden states
-however its prompt is chunked or batched."""
+"""The extension's 4-bit linears with int8 and int16 activations (csrc/q4_q8_matmul.cpp,
+Int4Weight's kernels "int8act" and "int16act"), each: bit for bit the formula
+csrc/int_activations.h states (int8_activations' reference_q4_linear), each output row the
+same whatever the call's row count and thread count (what lets a speculative verify step
+reproduce single-row steps), within the activations' rounding bound of float32 x dequantized
+weight, at odd shapes, for GGUF's Q4_0, Q4_1 and Q4_K blocks; the weight read back exactly from
+the op's layout; bad inputs refused with a message saying what was expected. The Q8_0 head's
+ops (q8_0_q8_matmul.cpp) are held to the same; and the served SmolLM2 with int8act or int16act
+weights gives a sequence the same hidden states however its prompt is chunked or batched."""
 
 from __future__ import annotations
 
@@ -30,18 +30,25 @@ from services.worker.layers.gguf_quant import (
 )
 from services.worker.layers.int4_weight import Int4Weight, pack_nibbles, quantize_int4
 from services.worker.layers.int8_activations import (
+    INT8,
     INT8ACT,
+    INT16,
+    INT16ACT,
+    IntActivationsOp,
     pack_q4_q8,
     pack_q8_0_q8,
     quantize_activations,
-    reference_q4_q8_linear,
-    reference_q8_0_q8_linear,
+    reference_q4_linear,
+    reference_q8_0_linear,
 )
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.loader import LoadedModel
 from services.worker.model.quant import quantize_loaded
 
 pytestmark = pytest.mark.usefixtures("cpu_extension")  # conftest: built if need be
+
+KINDS = [INT8ACT, INT16ACT]
+LIMIT = {INT8ACT: INT8, INT16ACT: INT16}  # the activations' largest |xq|
 
 
 def _groups(out: int, cols: int, seed: int = 0, float16: bool = True) -> GroupQuant:
@@ -80,35 +87,43 @@ def _rows(rows: int, cols: int, seed: int) -> torch.Tensor:
     return x
 
 
-def _op(x: torch.Tensor, groups: GroupQuant) -> torch.Tensor:
+def _op(x: torch.Tensor, groups: GroupQuant, kind: IntActivationsOp) -> torch.Tensor:
     packed, pairs = pack_q4_q8(groups.q, groups.scale, groups.offset)
-    return torch.ops.layerserve.q4_q8_linear(x, packed, pairs, groups.q.shape[0])
+    return kind.op(x, packed, pairs, groups.q.shape[0])
 
 
+def _reference(x: torch.Tensor, groups: GroupQuant, kind: IntActivationsOp) -> torch.Tensor:
+    return reference_q4_linear(x, groups.q, groups.scale, groups.offset, LIMIT[kind])
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 33])
 @pytest.mark.parametrize("out, cols", [(37, 96), (576, 64), (130, 32), (200, 1152)])
 @pytest.mark.parametrize("float16", [True, False])
 def test_matches_the_reference_formula_bit_for_bit(
-    rows: int, out: int, cols: int, float16: bool
+    kind: IntActivationsOp, rows: int, out: int, cols: int, float16: bool
 ) -> None:
     """Bit-equal: the reference rounds each fused multiply-add in float64 then float32, which
     differs from the op's single rounding only on a float32 tie (~2^-29 an operation); these
     fixed seeds hit none."""
     groups = _groups(out, cols, seed=rows, float16=float16)
     x = _rows(rows, cols, seed=out)
-    got = _op(x, groups)
+    got = _op(x, groups, kind)
     assert got.dtype == torch.float32 and got.shape == (rows, out)
-    assert torch.equal(got, reference_q4_q8_linear(x, groups.q, groups.scale, groups.offset))
+    assert torch.equal(got, _reference(x, groups, kind))
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 @pytest.mark.parametrize("tensor_type", [Q4_0, Q4_1, Q4_K])
-def test_gguf_blocks_through_int4weight_match_the_reference(tensor_type: int) -> None:
+def test_gguf_blocks_through_int4weight_match_the_reference(
+    kind: IntActivationsOp, tensor_type: int
+) -> None:
     groups = _gguf_groups(tensor_type, out=130, cols=512, seed=tensor_type)
-    weight = Int4Weight(groups, torch.float32, kernel="int8act")
-    assert weight.kernel is INT8ACT
+    weight = Int4Weight(groups, torch.float32, kernel=kind.name)
+    assert weight.kernel is kind and weight.activations == kind.activations
     assert weight.pairs.dtype == (torch.float32 if tensor_type == Q4_K else torch.float16)
     x = _rows(5, 512, seed=tensor_type)
-    expected = reference_q4_q8_linear(x, groups.q, groups.scale, groups.offset)
+    expected = _reference(x, groups, kind)
     assert torch.equal(F.linear(x, weight), expected)
     assert torch.equal(weight.linear(x, None), expected)
     direct, max_rows = weight.direct_linear()
@@ -118,8 +133,11 @@ def test_gguf_blocks_through_int4weight_match_the_reference(tensor_type: int) ->
 BATCHES = [1, 2, 3, 4, 5, 7, 8, 16, 33, 130]
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 @pytest.mark.parametrize("out, cols", [(192, 576), (576, 1536), (1000, 96)])
-def test_each_row_is_the_same_whatever_the_batch_and_thread_count(out: int, cols: int) -> None:
+def test_each_row_is_the_same_whatever_the_batch_and_thread_count(
+    kind: IntActivationsOp, out: int, cols: int
+) -> None:
     """Row i of an M-row call equals the 1-row call on row i, bit for bit, for every M, with
     one thread and two: a stream's logits do not depend on what it is batched with."""
     groups = _groups(out, cols, seed=out)
@@ -127,55 +145,60 @@ def test_each_row_is_the_same_whatever_the_batch_and_thread_count(out: int, cols
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        alone = torch.cat([_op(x[i : i + 1], groups) for i in range(x.shape[0])])
+        alone = torch.cat([_op(x[i : i + 1], groups, kind) for i in range(x.shape[0])])
         for count in (1, 2):
             torch.set_num_threads(count)
             for rows in BATCHES:
-                got = _op(x[:rows].contiguous(), groups)
+                got = _op(x[:rows].contiguous(), groups, kind)
                 assert torch.equal(got, alone[:rows]), (rows, count)
     finally:
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 @pytest.mark.parametrize("out, cols", [(192, 576), (1536, 576), (576, 1536), (45, 32)])
-def test_within_the_int8_rounding_of_float32_times_the_dequantized_weight(
-    out: int, cols: int
+def test_within_the_activations_rounding_of_float32_times_the_dequantized_weight(
+    kind: IntActivationsOp, out: int, cols: int
 ) -> None:
-    """Each x moves by at most d / 2 when rounded to int8, so an output moves by at most
-    sum over groups of d / 2 * sum |q * scale| (plus float32 rounding): a bound that holds for
-    any data. On random data the error is ~1% of the outputs' size (relative RMS)."""
+    """Each x moves by at most d / 2 when rounded, so an output moves by at most sum over
+    groups of d / 2 * sum |q * scale| (plus float32 rounding): a bound that holds for any data.
+    On random data the error is ~1% of the outputs' size (relative RMS) with int8, ~258x less
+    (32767 / 127) with int16."""
     groups = _groups(out, cols, seed=cols)
     x = torch.randn(64, cols, generator=torch.Generator().manual_seed(out))
-    got = _op(x, groups).double()
+    got = _op(x, groups, kind).double()
     exact = x.double() @ groups.dequantized().double().T
-    _, d, _ = quantize_activations(x)
+    _, d, _ = quantize_activations(x, LIMIT[kind])
     steps = (groups.q.double().unflatten(-1, (-1, 32)) * groups.scale.double()[..., None]).abs()
     bound = (d.double() / 2) @ steps.sum(-1).T
     magnitude = x.double().abs() @ groups.dequantized().double().abs().T
     assert torch.all((got - exact).abs() <= bound + magnitude * cols * 2**-23)
     relative = (got - exact).norm() / exact.norm()
-    assert 1e-3 < relative < 0.03  # int8 rounding shows, and stays small
+    finer = INT8 / LIMIT[kind]
+    assert 1e-3 * finer < relative < 0.03 * finer  # the rounding shows, and stays small
 
 
-def test_the_weight_reads_back_exactly_from_the_ops_layout() -> None:
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_the_weight_reads_back_exactly_from_the_ops_layout(kind: IntActivationsOp) -> None:
     groups = _groups(80, 96)  # 80: a padded third unit of 32 rows
-    weight = Int4Weight(groups, torch.float32, kernel="int8act")
+    weight = Int4Weight(groups, torch.float32, kernel=kind.name)
     assert weight.packed.shape == (3, 12, 128) and weight.pairs.dtype == torch.float16
     assert torch.equal(weight.nibbles, pack_nibbles(groups.q))
     assert torch.equal(weight.scale, groups.scale) and torch.equal(weight.offset, groups.offset)
     assert torch.equal(weight.dequantized(), groups.dequantized())
-    assert "int8act" in repr(weight) and weight.tiles.numel() == 0
+    assert kind.name in repr(weight) and weight.tiles.numel() == 0
 
 
-def test_odd_shapes_and_bad_inputs() -> None:
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_odd_shapes_and_bad_inputs(kind: IntActivationsOp) -> None:
     groups = _groups(48, 64, float16=False)  # N not a multiple of 32 or 16 units
-    weight = Int4Weight(groups, torch.float32, kernel="int8act")
+    weight = Int4Weight(groups, torch.float32, kernel=kind.name)
     columns = torch.randn(64, 2).t()  # not contiguous: the kernel makes it so
-    expected = reference_q4_q8_linear(columns.contiguous(), groups.q, groups.scale, groups.offset)
-    assert torch.equal(INT8ACT(columns, weight), expected)
-    assert INT8ACT(torch.randn(2, 1, 64), weight).shape == (2, 1, 48)
-    assert _op(torch.randn(0, 64), groups).shape == (0, 48)
-    op, packed, pairs = torch.ops.layerserve.q4_q8_linear, weight.packed, weight.pairs
+    expected = _reference(columns.contiguous(), groups, kind)
+    assert torch.equal(kind(columns, weight), expected)
+    assert kind(torch.randn(2, 1, 64), weight).shape == (2, 1, 48)
+    assert _op(torch.randn(0, 64), groups, kind).shape == (0, 48)
+    op, packed, pairs = kind.op, weight.packed, weight.pairs
     with pytest.raises(RuntimeError, match="x \\[M, K\\] float32 contiguous"):
         op(columns, packed, pairs, 48)
     with pytest.raises(RuntimeError, match="x \\[M, K\\] float32"):
@@ -186,11 +209,12 @@ def test_odd_shapes_and_bad_inputs() -> None:
         op(torch.randn(2, 64), packed, pairs, 130)
     with pytest.raises(RuntimeError, match="pairs \\[ceil\\(N / 32\\), K / 32, 2, 32\\]"):
         op(torch.randn(2, 64), packed, pairs.double(), 48)
-    with pytest.raises(ValueError, match="int8act kernel needs float32 on the CPU"):
-        Int4Weight(groups, torch.bfloat16, kernel="int8act")
+    with pytest.raises(ValueError, match=f"{kind.name} kernel needs float32 on the CPU"):
+        Int4Weight(groups, torch.bfloat16, kernel=kind.name)
 
 
-# The Q8_0 head's op with int8 activations (csrc/q8_0_q8_matmul.cpp): the same properties.
+# The Q8_0 head's ops with int8 and int16 activations (csrc/q8_0_q8_matmul.cpp): the same
+# properties.
 
 
 def _q8_0(out: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,36 +225,44 @@ def _q8_0(out: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def _q8_0_op(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def _q8_0_op(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, kind: IntActivationsOp
+) -> torch.Tensor:
     packed, scales = pack_q8_0_q8(q, scale)
-    return torch.ops.layerserve.q8_0_q8_linear(x, packed, scales, q.shape[0])
+    return getattr(torch.ops.layerserve, kind.head_op_name)(x, packed, scales, q.shape[0])
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 @pytest.mark.parametrize("out, cols", [(37, 96), (130, 32), (1000, 576)])
-def test_q8_0_matches_its_reference_and_is_batch_invariant(out: int, cols: int) -> None:
+def test_q8_0_matches_its_reference_and_is_batch_invariant(
+    kind: IntActivationsOp, out: int, cols: int
+) -> None:
     q, scale = _q8_0(out, cols, seed=out)
     x = _rows(max(BATCHES), cols, seed=cols)
-    expected = reference_q8_0_q8_linear(x, q, scale)
+    expected = reference_q8_0_linear(x, q, scale, LIMIT[kind])
     threads = torch.get_num_threads()
     try:
         for count in (1, 2):
             torch.set_num_threads(count)
             for rows in BATCHES:
-                assert torch.equal(_q8_0_op(x[:rows].contiguous(), q, scale), expected[:rows])
+                got = _q8_0_op(x[:rows].contiguous(), q, scale, kind)
+                assert torch.equal(got, expected[:rows]), (rows, count)
     finally:
         torch.set_num_threads(threads)
     exact = (
         x.double() @ (q.double().unflatten(-1, (-1, 32)) * scale.double()[..., None]).flatten(1).T
     )
     relative = (expected.double() - exact).norm() / exact.norm()
-    assert 1e-3 < relative < 0.02  # the activations' int8 rounding, nothing more
+    finer = INT8 / LIMIT[kind]
+    assert 1e-3 * finer < relative < 0.02 * finer  # the activations' rounding, nothing more
 
 
-def test_q8_0_bad_inputs_are_refused() -> None:
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_q8_0_bad_inputs_are_refused(kind: IntActivationsOp) -> None:
     q, scale = _q8_0(48, 64, seed=0)
     packed, scales = pack_q8_0_q8(q, scale)
     assert packed.shape == (2, 16, 128) and scales.dtype == torch.float16
-    op = torch.ops.layerserve.q8_0_q8_linear
+    op = getattr(torch.ops.layerserve, kind.head_op_name)
     with pytest.raises(RuntimeError, match="x \\[M, K\\] float32 contiguous"):
         op(torch.randn(64, 2).t(), packed, scales, 48)
     with pytest.raises(RuntimeError, match="K must divide by 32 and match packed's K / 4"):
@@ -241,18 +273,20 @@ def test_q8_0_bad_inputs_are_refused() -> None:
         op(torch.randn(2, 64), packed, scales.double(), 48)
 
 
-# The served model with kernel "int8act": a sequence's hidden states do not depend on how its
-# prompt is chunked or what it is batched with (what a speculative verify step needs).
+# The served model with kernel "int8act" or "int16act": a sequence's hidden states do not depend
+# on how its prompt is chunked or what it is batched with (what a speculative verify step needs).
 
 BLOCK = 16
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def int8act_model(smollm: LoadedModel) -> LoadedModel:
-    """The session's SmolLM2, copied, with its Q4_1 weights kept and computed by int8act."""
+@pytest.fixture(scope="module", params=KINDS, ids=lambda k: k.name)
+def int_model(
+    smollm: LoadedModel, request: pytest.FixtureRequest
+) -> tuple[IntActivationsOp, LoadedModel]:
+    """The session's SmolLM2, copied, with its Q4_1 weights kept and computed by the kernel."""
     copied = dataclasses.replace(smollm, model=copy.deepcopy(smollm.model))
-    return quantize_loaded(copied, "gguf", "int8act")
+    return request.param, quantize_loaded(copied, "gguf", request.param.name)
 
 
 def _prefill(loaded: LoadedModel, prompts: list[torch.Tensor], chunk: int) -> list[torch.Tensor]:
@@ -279,17 +313,18 @@ def _prefill(loaded: LoadedModel, prompts: list[torch.Tensor], chunk: int) -> li
 
 
 def test_the_models_rows_are_the_same_however_a_prompt_is_chunked_or_batched(
-    int8act_model: LoadedModel,
+    int_model: tuple[IntActivationsOp, LoadedModel],
 ) -> None:
-    weights = [b for m in int8act_model.model.modules() for b in m.buffers()]
+    kind, model = int_model
+    weights = [b for m in model.model.modules() for b in m.buffers()]
     assert any(isinstance(w, Int4Weight) for w in weights)
-    assert all(w.kernel is INT8ACT for w in weights if isinstance(w, Int4Weight))
+    assert all(w.kernel is kind for w in weights if isinstance(w, Int4Weight))
     generator = torch.Generator().manual_seed(0)
-    vocab = int8act_model.config.vocab_size
+    vocab = model.config.vocab_size
     prompt, other = (torch.randint(vocab, (n,), generator=generator) for n in (21, 13))
-    (one_at_a_time,) = _prefill(int8act_model, [prompt], chunk=1)
+    (one_at_a_time,) = _prefill(model, [prompt], chunk=1)
     for chunk in (4, 5, 21):
-        (chunked,) = _prefill(int8act_model, [prompt], chunk)
+        (chunked,) = _prefill(model, [prompt], chunk)
         assert torch.equal(chunked, one_at_a_time), chunk
-    batched, _ = _prefill(int8act_model, [prompt, other], chunk=7)
+    batched, _ = _prefill(model, [prompt, other], chunk=7)
     assert torch.equal(batched, one_at_a_time)

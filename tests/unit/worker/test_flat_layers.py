@@ -4,6 +4,9 @@ and stands aside where it would not: a hooked layer, another model."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import pytest
 import torch
 
@@ -14,6 +17,7 @@ from services.worker.layers.cpu_attention import CpuAttention
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.flat_layers import FlatLayers
 from services.worker.model.loader import LoadedModel
+from services.worker.model.quant import quantize_loaded
 from tests.unit.worker.tiny_model import random_tiny
 
 BLOCK = 16
@@ -67,6 +71,25 @@ def test_the_flat_loop_gives_the_module_trees_bits(served: LoadedModel, kernels:
     native = isinstance(backend, CpuAttention) and flat.native is not None
     assert native == (kernels == "auto" and cpu_attention_ext.load())
     assert (flat._caches is not None) == native
+
+
+@pytest.mark.parametrize("kernel, activations", [("int16act", "int16"), ("int8act", "int8")])
+def test_the_cpp_loop_runs_the_integer_activation_linears_with_the_same_bits(
+    smollm: LoadedModel, kernel: str, activations: str
+) -> None:
+    """With int16act or int8act weights the C++ loop calls that kernel's op for every linear
+    (llama_layers' activations argument), and the steps equal the module tree's."""
+    if not cpu_attention_ext.load():
+        pytest.skip("the C++ extension is not built")
+    copied = dataclasses.replace(smollm, model=copy.deepcopy(smollm.model))
+    loaded = quantize_loaded(copied, "gguf", kernel)
+    backend = choose_attention_backend("auto", CPU, loaded.config.head_dim)
+    flat = loaded.model.flat_loop()
+    assert flat is not None and flat.native is not None
+    assert flat.native.activations == activations
+    expected = _steps(loaded, backend, None)
+    for step, (e, g) in enumerate(zip(expected, _steps(loaded, backend, flat), strict=True)):
+        assert torch.equal(e, g), f"step {step}: max diff {(e - g).abs().max()}"
 
 
 def test_a_hooked_layer_or_another_model_is_not_flattened(served: LoadedModel) -> None:

@@ -1,6 +1,6 @@
 // A Llama model's decoder layers in one call, for the CPU worker's default setting (float32
-// compute, every linear 4-bit through q4_linear or, with int8_activations, q4_q8_linear; a
-// float32 KV cache): the loop of
+// compute, every linear 4-bit through q4_linear, or q4_q16_linear / q4_q8_linear for int16 /
+// int8 activations; a float32 KV cache): the loop of
 // model/flat_layers.py (FlatLayers.run) written out in C++, calling the very same ops in the same
 // order with the same arguments, so the same bits. A batch-1 step of SmolLM2 issues ~300 such
 // calls; from Python each costs an interpreter frame or several (~1 ms a ~9 ms step), from here
@@ -43,6 +43,7 @@ using PagedAttention = Tensor(const Tensor&, const Tensor&, const Tensor&, const
 struct Ops {
   c10::TypedOperatorHandle<Q4Linear> q4_linear = op<Q4Linear>("layerserve::q4_linear");
   c10::TypedOperatorHandle<Q4Linear> q4_q8_linear = op<Q4Linear>("layerserve::q4_q8_linear");
+  c10::TypedOperatorHandle<Q4Linear> q4_q16_linear = op<Q4Linear>("layerserve::q4_q16_linear");
   c10::TypedOperatorHandle<RmsNorm> rms_norm = op<RmsNorm>("layerserve::rms_norm");
   c10::TypedOperatorHandle<AddRmsNorm> add_rms_norm_ = op<AddRmsNorm>("layerserve::add_rms_norm_");
   c10::TypedOperatorHandle<SiluMul> silu_mul = op<SiluMul>("layerserve::silu_mul");
@@ -59,8 +60,8 @@ const Ops& ops() {
 
 // x [T, d]: the embedded tokens. Per layer i: norms[2i], norms[2i + 1] (input and post-attention
 // RMSNorm weights); linears qkv, o, gate_up, down as packed[4i + j], pairs[4i + j] with
-// out_rows[4i + j] (the linear op's arguments: q4_q8_linear's layout with int8_activations, else
-// q4_linear's); its KV cache as k_flat[i], v_flat[i] ([slots, Hkv, D], what rope_write_kv_
+// out_rows[4i + j] (the linear op's arguments, in its layout: activations "float32" for
+// q4_linear, "int16" for q4_q16_linear, "int8" for q4_q8_linear); its KV cache as k_flat[i], v_flat[i] ([slots, Hkv, D], what rope_write_kv_
 // stores into) and k_cache[i], v_cache[i] ([blocks, block_size, Hkv, D], the same memory, what
 // paged_attention reads). shape: (H, Hkv, D). Returns the last layer's MLP output and the
 // residual stream, as FlatLayers.run.
@@ -70,7 +71,7 @@ std::tuple<Tensor, Tensor> llama_layers(
     at::TensorList v_flat, at::TensorList k_cache, at::TensorList v_cache,
     const Tensor& slot_mapping, const Tensor& query_start, const Tensor& context_lens,
     const Tensor& block_tables, at::IntArrayRef shape, double eps, double scale,
-    bool avx512_bf16, bool int8_activations) {
+    bool avx512_bf16, c10::string_view activations) {
   const int64_t layers = static_cast<int64_t>(k_flat.size());
   TORCH_CHECK(layers > 0 && norms.size() == 2 * k_flat.size() &&
                   packed.size() == 4 * k_flat.size() && pairs.size() == packed.size() &&
@@ -80,8 +81,11 @@ std::tuple<Tensor, Tensor> llama_layers(
               norms.size(), " norms, ", packed.size(), " linears, ", k_flat.size(), " caches");
   TORCH_CHECK(shape.size() == 3, "layerserve::llama_layers: shape (H, Hkv, D)");
   const Ops& f = ops();
-  const c10::TypedOperatorHandle<Q4Linear>& linear =
-      int8_activations ? f.q4_q8_linear : f.q4_linear;
+  TORCH_CHECK(activations == "float32" || activations == "int16" || activations == "int8",
+              "layerserve::llama_layers: activations float32, int16 or int8, got ", activations);
+  const c10::TypedOperatorHandle<Q4Linear>& linear = activations == "int8"    ? f.q4_q8_linear
+                                                     : activations == "int16" ? f.q4_q16_linear
+                                                                              : f.q4_linear;
   const int64_t tokens = x.size(0), heads = shape[0], kv_heads = shape[1], dim = shape[2];
   const std::vector<int64_t> split = {heads, kv_heads, kv_heads};
   const OptionalTensor none;
@@ -116,7 +120,7 @@ TORCH_LIBRARY_FRAGMENT(layerserve, m) {
       " Tensor cos, Tensor sin, Tensor[] k_flat, Tensor[] v_flat, Tensor[] k_cache,"
       " Tensor[] v_cache, Tensor slot_mapping, Tensor query_start, Tensor context_lens,"
       " Tensor block_tables, int[] shape, float eps, float scale, bool avx512_bf16,"
-      " bool int8_activations)"
+      " str activations)"
       " -> (Tensor, Tensor)");
   m.impl("llama_layers", c10::DispatchKey::CPU, &llama_layers);
 }

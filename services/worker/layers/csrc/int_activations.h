@@ -1,0 +1,338 @@
+// What the integer-activation linears share (q4_q8_matmul.cpp: 4-bit weights, q8_0_q8_matmul.cpp:
+// Q8_0 weights; each with int8 or int16 activations): the activations quantized per row and group
+// of 32 columns inside the op, each group's products summed exactly in int32 by AVX512-VNNI, and
+// the float32 sum over groups, batch-invariant.
+//
+// Per activation row and group g of 32 columns, with L = 127 (int8) or 32767 (int16):
+//   d = max|x| / L (float32), xq = nearbyint(x / d) (half to even) clamped to [-L, L], all 0
+//   where d == 0; sx = the group's float32 sum of the original x, in column order;
+// per output row: isum = the group's sum of w_int * xq in int32, and
+//   acc = fma(scale * d, float(isum), acc) [; acc = fma(offset, sx, acc) for 4-bit weights],
+// groups in order from 0 (int8_activations.py has the formula in torch, the tests' reference).
+// Rounding x to L steps costs up to d / 2 a value: 1/254 of the group's largest |x| for int8,
+// 1/65534 for int16 (far below bfloat16's 2^-9). Nothing else is rounded but the float32 steps
+// above, whose order never changes: the threads share the output rows in units of 32, never K,
+// and the quantization is per row, so every output is the same whatever M and the thread count.
+//
+// The weights are one stream of 4-byte lanes per unit of 32 output rows (the formats' .cpp files
+// give the layouts): per chunk of input columns, two 64-byte vectors, lane i = output row i.
+// A lane is split into int32 vectors of the instruction's operand by a shift and a mask, and
+// each is multiplied by one int32 broadcast of the activations:
+// - int8, vpdpbusd (u8 x s8, 4 products a lane): the weight bytes as unsigned;
+// - int16, vpdpwssd (s16 x s16, 2 products a lane): masking bytes 0 and 2 (or their nibbles)
+//   leaves columns c and c + 2 in a lane, so the int16 activations are stored in the order
+//   (c, c + 2, c + 1, c + 3) per 4 columns and broadcast as consecutive pairs.
+// Weights stored unsigned with a bias (Q8_0's q + 128) subtract bias * sum(xq) per group.
+//
+// With intrinsics where the compiler has AVX512-VNNI and AVX512-BW (the extension is built
+// -march=native); elsewhere plain code with the same operations in the same order.
+
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define LAYERSERVE_VNNI 1
+#endif
+
+namespace int_activations {
+
+constexpr int64_t kGroup = 32;                  // input columns a group (a GGUF block)
+constexpr int64_t kUnitRows = 32;               // output rows a unit: two vectors of 16 lanes
+constexpr int64_t kChunkBytes = kUnitRows * 4;  // one chunk of a unit: 128 bytes
+constexpr int kMaxTile = 8;  // activation rows sharing one pass over a unit (registers)
+
+template <typename T>
+constexpr float kLimit = std::numeric_limits<T>::max();  // 127 or 32767
+
+// Where column j of a group is stored: int16 swaps the middle two of every 4 (see above).
+template <typename T>
+constexpr int stored_column(int j) {
+  return sizeof(T) == 1 || j % 4 == 0 || j % 4 == 3 ? j : j ^ 3;
+}
+
+// How a weight format's 4-byte lanes split into the instruction's operands for activations T.
+struct Split {
+  uint32_t mask;   // after the shift: the weights of one instruction
+  int count;       // instructions a lane (its columns / the activation values in an int32)
+  int shifts[4];   // per instruction
+};
+
+// One group's 32 values -> its xq (stored_column order); returns d.
+template <typename T>
+float quantize_group(const float* v, T* xq) {
+#if defined(LAYERSERVE_VNNI)
+  const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const float d = amax / kLimit<T>;
+  const __m512 divisor = _mm512_set1_ps(d == 0.0f ? 1.0f : d), zero = _mm512_setzero_ps();
+  const __m512 low = _mm512_set1_ps(-kLimit<T>), high = _mm512_set1_ps(kLimit<T>);
+  for (int half = 0; half < 2; ++half) {
+    // the division itself, not a multiply by 1 / d: the reference's rounding exactly
+    __m512 r = _mm512_roundscale_ps(_mm512_div_ps(half ? b : a, divisor),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = d == 0.0f ? zero : _mm512_min_ps(_mm512_max_ps(r, low), high);
+    if constexpr (sizeof(T) == 1) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + 16 * half),
+                       _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
+    } else {
+      r = _mm512_permute_ps(r, 0xD8);  // (0, 2, 1, 3) in every 4: stored_column
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + 16 * half),
+                          _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(r)));
+    }
+  }
+  return d;
+#else
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+  const float d = amax / kLimit<T>;
+  for (int j = 0; j < 32; ++j) {
+    const float r = d == 0.0f ? 0.0f : std::nearbyint(v[j] / d);  // x / d, as above
+    xq[stored_column<T>(j)] = static_cast<T>(std::min(kLimit<T>, std::max(-kLimit<T>, r)));
+  }
+  return d;
+#endif
+}
+
+// Per row and group: xq, d, the float sum of x and the integer sum of xq.
+template <typename T>
+struct Quantized {
+  std::vector<T> xq;           // [M, K]
+  std::vector<float> d;        // [M, K / 32]
+  std::vector<float> sx;       // [M, K / 32]
+  std::vector<int32_t> xsum;   // [M, K / 32]
+};
+
+template <typename T>
+void quantize_row(const float* x, int64_t k, T* xq, float* d, float* sx, int32_t* xsum) {
+  const int64_t groups = k / kGroup;
+  for (int64_t g = 0; g < groups; ++g) {
+    d[g] = quantize_group(x + g * kGroup, xq + g * kGroup);
+    int32_t total = 0;
+    for (int64_t j = 0; j < kGroup; ++j) total += xq[g * kGroup + j];
+    xsum[g] = total;
+  }
+  // The group sums in column order, groups side by side so that their chains overlap.
+  for (int64_t g = 0; g < groups; ++g) sx[g] = 0.0f;
+  for (int64_t j = 0; j < kGroup; ++j)
+    for (int64_t g = 0; g < groups; ++g) sx[g] += x[g * kGroup + j];
+}
+
+template <typename T>
+Quantized<T> quantize(const float* x, int64_t rows, int64_t k) {
+  const int64_t groups = k / kGroup;
+  Quantized<T> q{std::vector<T>(rows * k), std::vector<float>(rows * groups),
+                 std::vector<float>(rows * groups), std::vector<int32_t>(rows * groups)};
+  // per row, so the same values whatever the thread count; rows below 16 stay on this thread
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      quantize_row(x + r * k, k, q.xq.data() + r * k, q.d.data() + r * groups,
+                   q.sx.data() + r * groups, q.xsum.data() + r * groups);
+    }
+  });
+  return q;
+}
+
+inline float to_float(float v) { return v; }
+inline float to_float(at::Half v) { return static_cast<float>(v); }
+
+// What the kernel reads of one tile of activation rows (rows k and `groups` apart).
+template <typename T>
+struct Rows {
+  const T* xq;
+  const float* d;
+  const float* sx;
+  const int32_t* xsum;
+};
+
+#if defined(LAYERSERVE_VNNI)
+
+inline __m512 load_floats(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_floats(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <typename T>
+inline __m512i dot(__m512i acc, __m512i w, __m512i a) {
+  if constexpr (sizeof(T) == 1) return _mm512_dpbusd_epi32(acc, w, a);
+  else return _mm512_dpwssd_epi32(acc, w, a);
+}
+
+// R activation rows against one unit of 32 output rows (w: its bytes; scales: per group
+// W::kSets vectors of 32, scale then offset) over all groups -> out[r * out_stride + i] for the
+// unit's first `valid` rows. Up to 4 rows, alternate instructions go to two int32 accumulators
+// (the chains are half as long; the integers add exactly either way).
+template <typename W, typename T, typename P, int R>
+void unit_rows(const uint8_t* w, const P* scales, int64_t groups, int64_t k, Rows<T> x,
+               float* out, int64_t out_stride, int64_t valid) {
+  constexpr Split split = W::template split<T>();
+  constexpr int H = R <= 4 ? 2 : 1, per_int32 = 4 / sizeof(T);
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i isum[R][2][H];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 2; ++c)
+        for (int h = 0; h < H; ++h) isum[r][c][h] = _mm512_setzero_si512();
+    for (int64_t chunk = 0; chunk < kGroup / W::kColumns; ++chunk) {
+      const uint8_t* bytes = w + (g * (kGroup / W::kColumns) + chunk) * kChunkBytes;
+      const __m512i v[2] = {_mm512_loadu_si512(bytes), _mm512_loadu_si512(bytes + 64)};
+      for (int s = 0; s < split.count; ++s) {
+        const int h = (chunk * split.count + s) % H;
+        __m512i part[2];
+        for (int c = 0; c < 2; ++c) {
+          part[c] = split.shifts[s] ? _mm512_srli_epi32(v[c], split.shifts[s]) : v[c];
+          if (split.mask != 0xFFFFFFFFu)
+            part[c] = _mm512_and_si512(part[c], _mm512_set1_epi32(split.mask));
+        }
+        for (int r = 0; r < R; ++r) {
+          int32_t pair;
+          std::memcpy(&pair, x.xq + r * k + g * kGroup + chunk * W::kColumns + s * per_int32,
+                      sizeof(pair));
+          const __m512i a = _mm512_set1_epi32(pair);
+          for (int c = 0; c < 2; ++c) isum[r][c][h] = dot<T>(isum[r][c][h], part[c], a);
+        }
+      }
+    }
+    const P* set = scales + g * W::kSets * kUnitRows;
+    for (int c = 0; c < 2; ++c) {
+      const __m512 scale = load_floats(set + c * 16);
+      for (int r = 0; r < R; ++r) {
+        __m512i sum = H == 2 ? _mm512_add_epi32(isum[r][c][0], isum[r][c][H - 1]) : isum[r][c][0];
+        if (W::kBias)
+          sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(W::kBias * x.xsum[r * groups + g]));
+        const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(x.d[r * groups + g]));
+        acc[r][c] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(sum), acc[r][c]);
+        if (W::kSets == 2) {
+          const __m512 offset = load_floats(set + kUnitRows + c * 16);
+          acc[r][c] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x.sx[r * groups + g]), acc[r][c]);
+        }
+      }
+    }
+  }
+  const __mmask16 first = valid >= 16 ? 0xFFFF : (1u << valid) - 1;
+  const __mmask16 second = valid >= 32 ? 0xFFFF : valid <= 16 ? 0 : (1u << (valid - 16)) - 1;
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(out + r * out_stride, first, acc[r][0]);
+    _mm512_mask_storeu_ps(out + r * out_stride + 16, second, acc[r][1]);
+  }
+}
+
+#else  // plain code: the same operations per output, one at a time
+
+template <typename W, typename T, typename P, int R>
+void unit_rows(const uint8_t* w, const P* scales, int64_t groups, int64_t k, Rows<T> x,
+               float* out, int64_t out_stride, int64_t valid) {
+  constexpr Split split = W::template split<T>();
+  constexpr int per_int32 = 4 / sizeof(T), bits = 8 * sizeof(T);
+  constexpr uint32_t element = (1ull << bits) - 1;
+  for (int r = 0; r < R; ++r) {
+    for (int64_t i = 0; i < valid; ++i) {
+      float acc = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        int32_t isum = 0;
+        for (int64_t chunk = 0; chunk < kGroup / W::kColumns; ++chunk) {
+          uint32_t lane;
+          std::memcpy(&lane, w + (g * (kGroup / W::kColumns) + chunk) * kChunkBytes + i * 4, 4);
+          const T* a = x.xq + r * k + g * kGroup + chunk * W::kColumns;
+          for (int s = 0; s < split.count; ++s) {
+            const uint32_t part = (lane >> split.shifts[s]) & split.mask;
+            for (int e = 0; e < per_int32; ++e)
+              isum += static_cast<int32_t>((part >> (bits * e)) & element) * a[s * per_int32 + e];
+          }
+        }
+        isum -= W::kBias * x.xsum[r * groups + g];
+        const P* set = scales + g * W::kSets * kUnitRows;
+        acc = std::fma(to_float(set[i]) * x.d[r * groups + g], static_cast<float>(isum), acc);
+        if (W::kSets == 2) acc = std::fma(to_float(set[kUnitRows + i]), x.sx[r * groups + g], acc);
+      }
+      out[r * out_stride + i] = acc;
+    }
+  }
+}
+
+#endif
+
+template <typename W, typename T, typename P>
+using UnitRows = void (*)(const uint8_t*, const P*, int64_t, int64_t, Rows<T>, float*, int64_t,
+                          int64_t);
+
+template <typename W, typename T, typename P>
+constexpr UnitRows<W, T, P> kUnitRowsFor[kMaxTile + 1] = {
+    nullptr,
+    unit_rows<W, T, P, 1>, unit_rows<W, T, P, 2>, unit_rows<W, T, P, 3>, unit_rows<W, T, P, 4>,
+    unit_rows<W, T, P, 5>, unit_rows<W, T, P, 6>, unit_rows<W, T, P, 7>, unit_rows<W, T, P, 8>};
+
+// The threads share the units (a split that depends on N only); each unit's bytes (9-24 KB at
+// SmolLM2's K) stay in L1 while every tile of rows passes over them.
+template <typename W, typename T, typename P>
+void multiply(const Quantized<T>& q, int64_t rows, int64_t k, const uint8_t* packed,
+              const P* scales, int64_t n, float* out) {
+  const int64_t groups = k / kGroup, units = (n + kUnitRows - 1) / kUnitRows;
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const uint8_t* w = packed + u * (k / W::kColumns) * kChunkBytes;
+      const P* unit_scales = scales + u * groups * W::kSets * kUnitRows;
+      const int64_t valid = std::min<int64_t>(kUnitRows, n - u * kUnitRows);
+      for (int64_t r0 = 0; r0 < rows; r0 += kMaxTile) {
+        const int64_t tile = std::min<int64_t>(kMaxTile, rows - r0);
+        const Rows<T> x{q.xq.data() + r0 * k, q.d.data() + r0 * groups,
+                        q.sx.data() + r0 * groups, q.xsum.data() + r0 * groups};
+        kUnitRowsFor<W, T, P>[tile](w, unit_scales, groups, k, x, out + r0 * n + u * kUnitRows,
+                                    n, valid);
+      }
+    }
+  });
+}
+
+// The op: x [M, K] float32, packed [ceil(n / 32), K / W::kColumns, 128] uint8 and scales
+// [ceil(n / 32), K / 32, (W::kSets,) 32] float16 or float32 in W's layout -> [M, n] float32.
+template <typename W, typename T>
+at::Tensor linear(const char* name, const at::Tensor& x, const at::Tensor& packed,
+                  const at::Tensor& scales, int64_t n) {
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu() && scales.device().is_cpu(),
+              "layerserve::", name, ": CPU tensors");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "layerserve::", name, ": x [M, K] float32 contiguous, got ", x.sizes(), " ",
+              x.scalar_type());
+  const int64_t units = (n + kUnitRows - 1) / kUnitRows;
+  TORCH_CHECK(n > 0 && packed.dim() == 3 && packed.scalar_type() == at::kByte &&
+                  packed.is_contiguous() && packed.size(0) == units &&
+                  packed.size(2) == kChunkBytes,
+              "layerserve::", name, ": packed [ceil(N / 32), K / ", W::kColumns,
+              ", 128] uint8 contiguous for N = ", n, ", got ", packed.sizes(), " ",
+              packed.scalar_type());
+  TORCH_CHECK(x.size(1) % kGroup == 0 && packed.size(1) * W::kColumns == x.size(1),
+              "layerserve::", name, ": K must divide by 32 and match packed's K / ", W::kColumns,
+              ", got x ", x.sizes(), " and packed ", packed.sizes());
+  std::vector<int64_t> sizes = {units, x.size(1) / kGroup, kUnitRows};
+  if (W::kSets == 2) sizes.insert(sizes.begin() + 2, 2);
+  TORCH_CHECK((scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf) &&
+                  scales.is_contiguous() && scales.sizes() == at::IntArrayRef(sizes),
+              "layerserve::", name, ": ", W::kScalesName, " [ceil(N / 32), K / 32, ",
+              W::kSets == 2 ? "2, " : "", "32] float16 or float32 contiguous, got ",
+              scales.sizes(), " ", scales.scalar_type());
+  const int64_t rows = x.size(0), k = x.size(1);
+  at::Tensor out = at::empty({rows, n}, x.options());
+  if (rows == 0) return out;
+  const Quantized<T> q = quantize<T>(x.data_ptr<float>(), rows, k);
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  if (scales.scalar_type() == at::kHalf) {
+    multiply<W, T>(q, rows, k, w, scales.data_ptr<at::Half>(), n, out.data_ptr<float>());
+  } else {
+    multiply<W, T>(q, rows, k, w, scales.data_ptr<float>(), n, out.data_ptr<float>());
+  }
+  return out;
+}
+
+}  // namespace int_activations
