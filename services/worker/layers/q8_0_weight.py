@@ -8,11 +8,11 @@ The values are the file's exactly: float16 d times an int8 q is exact in float32
 gives the float loader's rows bit for bit and the head differs from the float32 GEMM only in
 summation order.
 
-With int8_activations (the 4-bit weights' "int8act" kernel, int8_activations.py) the head
-quantizes its activations to int8 per 32 columns as the linears do and sums in int32
-(torch.ops.layerserve.q8_0_q8_linear) at every row count: batch-invariant, and 0.15-0.6x the
-float32 op's time from 1 to 64 rows. It holds that op's layout beside the int8 table the
-lookups read."""
+With activations "int8" or "int16" (the 4-bit weights' "int8act" and "int16act" kernels,
+int8_activations.py) the head quantizes its activations to that type per 32 columns as the
+linears do and sums in int32 (torch.ops.layerserve.q8_0_q8_linear, q8_0_q16_linear) at every
+row count: batch-invariant; int8 is 0.15-0.6x the float32 op's time from 1 to 64 rows. It holds
+that op's layout beside the int8 table the lookups read."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from services.worker.layers.gguf_quant import GROUP_SIZE, GroupQuant
-from services.worker.layers.int8_activations import pack_q8_0_q8
+from services.worker.layers.int8_activations import HEAD_OPS, pack_q8_0_q8
 from services.worker.layers.quantized_weight import QuantizedWeight
 
 # Above this many activation rows the op's loop (8 rows a pass over each weight row) loses to
@@ -48,23 +48,27 @@ class Q8_0Weight(QuantizedWeight):
 
     qweight: torch.Tensor  # the same int8 storage as a plain tensor, for the op
     scale: torch.Tensor
-    packed: torch.Tensor | None  # q8_0_q8_linear's layout, with int8_activations
+    packed: torch.Tensor | None  # the integer ops' layout, with activations "int8" or "int16"
     packed_scales: torch.Tensor | None
+    activations: str  # "float32", "int16" or "int8"
 
     @staticmethod
-    def __new__(cls, groups: GroupQuant, int8_activations: bool = False) -> Q8_0Weight:
+    def __new__(cls, groups: GroupQuant, activations: str = "float32") -> Q8_0Weight:
         q, scale = groups.q, groups.scale
         if groups.bits != 8 or q.dtype != torch.int8 or q.shape[1] != scale.shape[1] * GROUP_SIZE:
             raise ValueError("expected Q8_0 groups: int8 [out, in] and [out, in / 32] scales")
         q = q.contiguous()
         weight = QuantizedWeight._wrap(cls, q, torch.float32)
         weight.qweight, weight.scale = q, scale.float().contiguous()
+        if activations != "float32" and activations not in HEAD_OPS:
+            raise ValueError(f"activations float32, int16 or int8, got {activations!r}")
         weight.packed = weight.packed_scales = None
-        if int8_activations:
+        weight.activations = activations
+        if activations in HEAD_OPS:
             weight.packed, weight.packed_scales = pack_q8_0_q8(q, scale)
         return weight
 
-    def __init__(self, groups: GroupQuant, int8_activations: bool = False) -> None:
+    def __init__(self, groups: GroupQuant, activations: str = "float32") -> None:
         pass  # all set in __new__; torch.Tensor.__init__ takes no arguments
 
     def __repr__(self, **kwargs: Any) -> str:
@@ -74,7 +78,7 @@ class Q8_0Weight(QuantizedWeight):
         flat = x.reshape(-1, x.shape[-1])
         if self.packed is not None and x.dtype == torch.float32:
             rows = self.qweight.shape[0]
-            op = torch.ops.layerserve.q8_0_q8_linear
+            op = getattr(torch.ops.layerserve, HEAD_OPS[self.activations])
             out = op(flat.contiguous(), self.packed, self.packed_scales, rows)
         elif flat.shape[0] <= Q8_0_OP_MAX_ROWS and x.dtype == torch.float32:
             out = torch.ops.layerserve.q8_0_linear(flat.contiguous(), self.qweight, self.scale)

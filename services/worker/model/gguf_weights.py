@@ -33,7 +33,7 @@ from services.worker.layers.gguf_quant import (
     decode_blocks,
 )
 from services.worker.layers.int4_weight import Int4Weight, int4_kernel
-from services.worker.layers.int8_activations import INT8ACT
+from services.worker.layers.int8_activations import activations_of
 from services.worker.layers.q8_0_weight import Q8_0Weight, q8_0_op_available
 from services.worker.layers.quantized_weight import QuantizedWeight
 from services.worker.model import gemma3_loader, gguf_loader
@@ -114,9 +114,9 @@ def keep_gguf_quantized(
                 moved = GroupQuant(*(t.to(param.device) for t in _fields(groups)), bits=4)
                 weight: QuantizedWeight = Int4Weight(moved, param.dtype, kernel)
             elif eight_bit.computes(param):
-                # int8 activations wherever the 4-bit linears take them (int4_weight.py)
-                int8 = int4_kernel(kernel, param.device, param.dtype) is INT8ACT
-                weight = Q8_0Weight(groups, int8_activations=int8)
+                # the 4-bit linears' activations: integer ones for the head too (int4_weight.py)
+                chosen = int4_kernel(kernel, param.device, param.dtype)
+                weight = Q8_0Weight(groups, activations=activations_of(chosen))
             else:
                 continue
             del module._parameters[name]

@@ -29,13 +29,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _random_q8_0(rows: int, cols: int, seed: int = 0, int8_activations: bool = False) -> Q8_0Weight:
+def _random_q8_0(rows: int, cols: int, seed: int = 0, activations: str = "float32") -> Q8_0Weight:
     generator = torch.Generator().manual_seed(seed)
     q = torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=generator)
     # float16 scales, as the file's d: their products with q are exact in float32
     scale = (torch.rand(rows, cols // 32, generator=generator) * 0.02).half().float()
     groups = GroupQuant(q, scale, torch.zeros_like(scale), bits=8)
-    return Q8_0Weight(groups, int8_activations=int8_activations)
+    return Q8_0Weight(groups, activations=activations)
 
 
 @pytest.mark.parametrize("cols", [576, 96])  # 96: a multiple of 32, not of 64
@@ -51,18 +51,22 @@ def test_head_matmul_equals_the_float_weights_up_to_summation_order(rows: int, c
     assert torch.all((got.double() - expected).abs() <= bound)
 
 
-def test_with_int8_activations_every_row_count_gives_each_row_the_same_bits() -> None:
-    """The head beside the int8act linears: int8 activations and int32 sums at every row count
-    (no BLAS slices above 32 rows), so a row's logits do not depend on its batch; within int8
-    rounding of the float weights' matmul."""
-    weight = _random_q8_0(300, 96, int8_activations=True)
+@pytest.mark.parametrize("activations, bound", [("int8", 0.02), ("int16", 1e-4)])
+def test_with_integer_activations_every_row_count_gives_each_row_the_same_bits(
+    activations: str, bound: float
+) -> None:
+    """The head beside the int8act or int16act linears: integer activations and int32 sums at
+    every row count (no BLAS slices above 32 rows), so a row's logits do not depend on its
+    batch; within the activations' rounding of the float weights' matmul."""
+    weight = _random_q8_0(300, 96, activations=activations)
     assert weight.packed is not None
     x = torch.randn(70, 96, generator=torch.Generator().manual_seed(3))
     together = torch.nn.functional.linear(x, weight)
     alone = torch.cat([torch.nn.functional.linear(row[None], weight) for row in x])
     assert torch.equal(together, alone)
     expected = x @ weight.dequantized().T
-    assert (together - expected).norm() / expected.norm() < 0.02  # measured ~0.005
+    # measured ~0.005 (int8), ~2e-5 (int16)
+    assert (together - expected).norm() / expected.norm() < bound
     assert torch.equal(weight.embedding(torch.tensor([5])), weight.dequantized()[5:6])
 
 
