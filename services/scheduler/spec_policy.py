@@ -6,13 +6,13 @@ accepted, one writing freely almost none; a step of one sequence on a GPU comput
 tokens for nothing, while on a CPU, or with 64 sequences, each token costs its share. So the
 Speculator weighs them step by step:
 
-- StepCost learns what a step costs: the seconds of a step of T tokens, a running mean for each
-  T the scheduler has timed, read between those by straight lines. A step's cost is not one
-  line in T: on a CPU a second row of a 4-bit matmul is nearly free and a third is not (the
-  kernel tiles rows), so each T keeps its own mean. A T above every one timed costs what the
-  last two timed say per token, or, with one timed, nothing more (proposals look free: their
-  steps are then timed). A mean not refreshed for STALE_STEPS steps is dropped, so that a cost
-  measured while the machine was busier does not keep proposals off for ever.
+- StepCost learns what a step costs: the seconds of a step of T tokens, the median of its recent
+  steps for each T the scheduler has timed, read between those by straight lines. A step's
+  cost is not one line in T: on a CPU a second row of a 4-bit matmul can be nearly free and a
+  third not (the kernel tiles rows), so each T keeps its own. A T above every one timed costs
+  what the last two timed say per token, or, with one timed, nothing more (proposals look
+  free: their steps are then timed). A size not timed for STALE_STEPS steps is dropped, so
+  that a cost measured while the machine was busier does not keep proposals off for ever.
 - Acceptance: a request's chance that a proposal is accepted, from its recent steps, leaning
   toward the worker's overall rate while it has few.
 - choose(): the j-th proposal of a request with acceptance p counts only if the j - 1 before it
@@ -25,62 +25,65 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import statistics
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
 class StepCost:
-    """Seconds a step of T tokens takes: a running mean per T timed, straight lines between."""
+    """Seconds a step of T tokens takes: the median of each T's recent steps, straight lines
+    between the T timed."""
 
-    # A new timing's weight in its T's mean once that T has been timed 1 / WEIGHT times (the
-    # first ones are averaged plainly): about the last 10 steps of each size count.
-    WEIGHT = 0.1
+    # Steps of one size whose median stands for it: a median, not a mean, so that one step
+    # stalled by another process (a busy CPU) does not price a size out for the next ones.
+    RECENT = 9
     # Steps timed after which a size not timed since is forgotten (see the module docstring).
     STALE_STEPS = 500
 
-    _means: dict[int, float] = field(default_factory=dict)
-    _counts: dict[int, int] = field(default_factory=dict)
+    _recent: dict[int, deque[float]] = field(default_factory=dict)
+    _medians: dict[int, float] = field(default_factory=dict)
     _last: dict[int, int] = field(default_factory=dict)  # the step count when T was last timed
     _steps: int = 0
     _sizes: list[int] = field(default_factory=list)  # the T timed, ascending
 
     def record(self, tokens: int, seconds: float) -> None:
         self._steps += 1
-        count = self._counts.get(tokens, 0) + 1
-        mean = self._means.get(tokens, seconds)
-        self._means[tokens] = mean + (seconds - mean) * max(1.0 / count, self.WEIGHT)
-        self._counts[tokens] = count
-        self._last[tokens] = self._steps
-        if count == 1:
+        recent = self._recent.get(tokens)
+        if recent is None:
+            recent = self._recent[tokens] = deque(maxlen=self.RECENT)
             bisect.insort(self._sizes, tokens)
+        recent.append(seconds)
+        self._medians[tokens] = statistics.median(recent)
+        self._last[tokens] = self._steps
         if self._steps % 64 == 0:
             self._forget_stale()
 
     def _forget_stale(self) -> None:
         stale = [t for t in self._sizes if self._steps - self._last[t] > self.STALE_STEPS]
         for tokens in stale:
-            del self._means[tokens], self._counts[tokens], self._last[tokens]
-        self._sizes = [t for t in self._sizes if t in self._means]
+            del self._recent[tokens], self._medians[tokens], self._last[tokens]
+        self._sizes = [t for t in self._sizes if t in self._medians]
 
     def seconds(self, tokens: int) -> float:
         """A step of `tokens` tokens' expected seconds (0 before any step is timed)."""
-        sizes, means = self._sizes, self._means
+        sizes, costs = self._sizes, self._medians
         if not sizes:
             return 0.0
-        if tokens in means:
-            return means[tokens]
+        if tokens in costs:
+            return costs[tokens]
         i = bisect.bisect(sizes, tokens)
         if 0 < i < len(sizes):  # between two sizes timed
             lo, hi = sizes[i - 1], sizes[i]
-            return means[lo] + (means[hi] - means[lo]) * (tokens - lo) / (hi - lo)
+            return costs[lo] + (costs[hi] - costs[lo]) * (tokens - lo) / (hi - lo)
         if len(sizes) == 1:
-            return means[sizes[0]]
+            return costs[sizes[0]]
         # Beyond the sizes timed (above or below): the slope of the two nearest.
         lo, hi = (sizes[-2], sizes[-1]) if i else (sizes[0], sizes[1])
         edge = hi if i else lo
-        slope = max(0.0, (means[hi] - means[lo]) / (hi - lo))
-        return max(0.0, means[edge] + slope * (tokens - edge))
+        slope = max(0.0, (costs[hi] - costs[lo]) / (hi - lo))
+        return max(0.0, costs[edge] + slope * (tokens - edge))
 
 
 @dataclass(slots=True)
