@@ -19,8 +19,8 @@ answer to the README's question on the same file, for reference. --model measure
 (Gemma 3 270M: docs/benchmarks.md, "Issue 29: K-quants and Q5_0 kept"); a setting
 float32:gguf/Q4_K keeps only the weights the file stores as that type, and a third field sets
 the KV cache's dtype as the worker's --kv-cache-dtype does (float32:gguf:int8); gguf@KERNEL
-computes the kept 4-bit weights with that Int4Weight kernel (float32:gguf@int8act: int8
-activations, int8_activations.py)."""
+computes the kept 4-bit weights with that Int4Weight kernel (float32:gguf@int16act: int16
+activations, float32:gguf@int8act: int8, int8_activations.py; the Q8_0 head follows)."""
 
 from __future__ import annotations
 

@@ -74,6 +74,7 @@ MODELS = {
             ("float32:none", "float32 dense (reference)"),
             ("bfloat16:none", "bfloat16 dense"),
             ("float32:gguf", "float32 + Q4_1 kept 4-bit (the CPU default)"),
+            ("float32:gguf:int16act", "float32 + Q4_1 kept 4-bit, int16 activations (int16act)"),
             ("float32:gguf:int8act", "float32 + Q4_1 kept 4-bit, int8 activations (int8act)"),
             ("bfloat16:gguf", "bfloat16 + Q4_1 kept 4-bit"),
             ("float32:int8", "float32 + int8 from the float values"),
@@ -85,6 +86,7 @@ MODELS = {
         (
             ("float32:none", "float32 dense (reference)"),
             ("float32:gguf", "float32 + Q4_K kept 4-bit, Q5_0/Q8_0 int8 (the CPU default)"),
+            ("float32:gguf:int16act", "float32 + Q4_K kept 4-bit, int16 activations (int16act)"),
             ("float32:gguf:int8act", "float32 + Q4_K kept 4-bit, int8 activations (int8act)"),
             ("bfloat16:none", "bfloat16 dense"),
         ),

@@ -1,16 +1,16 @@
-"""The float32 4-bit linear op and the int8-activation one against float32 dense and what they
-replaced, per call and per decode step, on SmolLM2-135M's shapes.
+"""The float32 4-bit linear op and the int16- and int8-activation ones against float32 dense and
+what they replaced, per call and per decode step, on SmolLM2-135M's shapes; and the Q8_0 head.
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.q4_linear [--threads 1] [--rows 1 16 64 1024]
-        [--step-rows 1 4 8]
+        [--step-rows 1 4 8] [--head-rows 1 8 64]
 
 torch.ops.layerserve.q4_linear (csrc/q4_matmul.cpp, Int4Weight's kernel for float32 rows at
-every row count) and q4_q8_linear (csrc/q4_q8_matmul.cpp, kernel "int8act": the rows quantized
-to int8 per 32 columns, int32 sums) against F.linear on the same weight dequantized to float32
-(what a float32 dense model runs) and dequantize-then-GEMM (DequantMM: the float copy made per
-call, what Int4Weight ran above 256 rows before the op's decoded path), for the model's four
-4-bit shapes: q/k/v's 576 x 576 and 192 x 576 pieces, gate/up's 1536 x 576 and down's
-576 x 1536.
+every row count), q4_q16_linear and q4_q8_linear (csrc/q4_q8_matmul.cpp, kernels "int16act"
+and "int8act": the rows quantized to int16 or int8 per 32 columns, int32 sums) against
+F.linear on the same weight dequantized to float32 (what a float32 dense model runs) and
+dequantize-then-GEMM (DequantMM: the float copy made per call, what Int4Weight ran above 256
+rows before the op's decoded path), for the model's four 4-bit shapes: q/k/v's 576 x 576 and
+192 x 576 pieces, gate/up's 1536 x 576 and down's 576 x 1536.
 The weights are GGUF-like (float16 scales and offsets, as a Q4_1 file's); each call takes the
 next of --copies copies and, up to 16 rows, a 64 MB buffer is written before each pass, so that
 a call reads its weight from memory as a decode step does. The kernels take turns (A, B, C, A,
@@ -23,7 +23,11 @@ Prints a Markdown table.
 Then, per --step-rows, one decode step's 4-bit linears as the model runs them (30 layers of
 fused qkv 960 x 576, o 576 x 576, fused gate_up 3072 x 576 and down 576 x 1536: 120 calls, 53 MB
 of weights read from memory) with each op: the median of --passes steps, each step's total by
-this thread's CPU time with one thread, by wall clock with more."""
+this thread's CPU time with one thread, by wall clock with more.
+
+Then, per --head-rows, SmolLM2's Q8_0 head (49152 x 576, Q8_0Weight) with float32 activations
+(q8_0_linear up to 32 rows, BLAS slices above), int16 and int8 (q8_0_q16_linear,
+q8_0_q8_linear): the median of --passes calls, timed as the step."""
 
 from __future__ import annotations
 
@@ -38,7 +42,8 @@ import torch.nn.functional as F
 from services.worker.layers import cpu_attention_ext
 from services.worker.layers.gguf_quant import GroupQuant
 from services.worker.layers.int4_weight import DEQUANT, Q4_OP, Int4Weight, quantize_int4
-from services.worker.layers.int8_activations import INT8ACT
+from services.worker.layers.int8_activations import INT8ACT, INT16ACT
+from services.worker.layers.q8_0_weight import Q8_0Weight
 
 SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536))  # (out, in)
 STEP_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # a layer's calls, fused
@@ -46,24 +51,28 @@ LAYERS = 30
 COLD_ROWS = 16  # up to this many rows a call is bound by reading the weight: read it cold
 
 
-Weights = tuple[Int4Weight, torch.Tensor, Int4Weight]  # q4_linear's, dense, int8act's
+Weights = tuple[Int4Weight, torch.Tensor, Int4Weight, Int4Weight]  # q4, dense, int8, int16act
+HEAD = (49152, 576)
 
 
 def gguf_like(out: int, cols: int, dense: bool = True) -> Weights:
     """A random float32 Int4Weight with float16-exact scales and offsets, as a Q4_1 file's,
-    the same weight dense in float32 (empty unless `dense`) and as the int8act kernel's."""
+    the same weight dense in float32 (empty unless `dense`) and as the int8act and int16act
+    kernels'."""
     groups = quantize_int4(torch.randn(out, cols))
     scale, offset = groups.scale.half().float(), groups.offset.half().float()
     groups = GroupQuant(groups.q, scale, offset, bits=4)
     weights = groups.dequantized() if dense else torch.empty(0)
     int8act = Int4Weight(groups, torch.float32, kernel="int8act")
-    return Int4Weight(groups, torch.float32), weights, int8act
+    int16act = Int4Weight(groups, torch.float32, kernel="int16act")
+    return Int4Weight(groups, torch.float32), weights, int8act, int16act
 
 
 def kernels(x: torch.Tensor) -> dict[str, Callable[[Weights], object]]:
     return {
         "q4_linear": lambda w: Q4_OP(x, w[0]),
         "q4_q8_linear (int8act)": lambda w: INT8ACT(x, w[2]),
+        "q4_q16_linear (int16act)": lambda w: INT16ACT(x, w[3]),
         "dense float32 F.linear": lambda w: F.linear(x, w[1]),
         "dequantize + GEMM": lambda w: DEQUANT(x, w[0]),
     }
@@ -81,6 +90,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8, 16, 64, 256])
     p.add_argument("--step-rows", type=int, nargs="*", default=[1, 4, 8])
+    p.add_argument("--head-rows", type=int, nargs="*", default=[1, 8, 64])
     p.add_argument("--copies", type=int, default=16, help="weights cycled per shape")
     p.add_argument("--passes", type=int, default=5, help="interleaved passes per cell")
     args = p.parse_args()
@@ -93,8 +103,9 @@ def main() -> None:
     how = "median pass, thread CPU time" if one else "10th percentile call, wall clock"
     print(f"threads {args.threads} ({how})")
     names = list(kernels(torch.empty(0)))
-    print("| shape (out x in) | rows | " + " | ".join(names) + " | int8act / q4_linear |")
-    print("| --- | --- |" + " --- |" * (len(names) + 1))
+    ratios = " | int8act / q4_linear | int16act / q4_linear |"
+    print("| shape (out x in) | rows | " + " | ".join(names) + ratios)
+    print("| --- | --- |" + " --- |" * (len(names) + 2))
     for out, cols in SHAPES:
         weights = [gguf_like(out, cols) for _ in range(args.copies)]
         for rows in args.rows:
@@ -119,9 +130,12 @@ def main() -> None:
                         times[name].append((clock() - started) * 1e3)
             ms = [cell(times[name], one) for name in names]
             cells = " | ".join(f"{m:.3f}" for m in ms)
-            print(f"| {out} x {cols} | {rows} | {cells} | {ms[1] / ms[0]:.2f} |", flush=True)
+            ratio = f"{ms[1] / ms[0]:.2f} | {ms[2] / ms[0]:.2f}"
+            print(f"| {out} x {cols} | {rows} | {cells} | {ratio} |", flush=True)
     if args.step_rows:
         decode_steps(args.step_rows, args.passes, one, flush)
+    if args.head_rows:
+        head(args.head_rows, args.passes, one, flush)
 
 
 def decode_steps(step_rows: list[int], passes: int, one: bool, flush: torch.Tensor) -> None:
@@ -132,11 +146,11 @@ def decode_steps(step_rows: list[int], passes: int, one: bool, flush: torch.Tens
     ]
     clock = time.thread_time if one else time.perf_counter
     print()
-    print("| decode step, 120 linears | rows | q4_linear ms | int8act ms | int8act / q4_linear |")
+    print("| decode step, 120 linears | rows | q4_linear ms | int8act ms | int16act ms |")
     print("| --- | --- | --- | --- | --- |")
     for rows in step_rows:
         inputs = {cols: torch.randn(rows, cols) for _, cols in STEP_SHAPES}
-        ops = {"q4": (Q4_OP, 0), "int8act": (INT8ACT, 2)}
+        ops = {"q4": (Q4_OP, 0), "int8act": (INT8ACT, 2), "int16act": (INT16ACT, 3)}
         times: dict[str, list[float]] = {name: [] for name in ops}
         for _ in range(passes):
             for name, (op, index) in ops.items():
@@ -146,8 +160,33 @@ def decode_steps(step_rows: list[int], passes: int, one: bool, flush: torch.Tens
                     for (_, cols), weights in zip(STEP_SHAPES, layer, strict=True):
                         op(inputs[cols], weights[index])
                 times[name].append((clock() - started) * 1e3)
-        q4, int8 = (statistics.median(times[name]) for name in ops)
-        print(f"| {LAYERS} layers | {rows} | {q4:.2f} | {int8:.2f} | {int8 / q4:.2f} |", flush=True)
+        q4, int8, int16 = (statistics.median(times[name]) for name in ops)
+        print(f"| {LAYERS} layers | {rows} | {q4:.2f} | {int8:.2f} | {int16:.2f} |", flush=True)
+
+
+def head(head_rows: list[int], passes: int, one: bool, flush: torch.Tensor) -> None:
+    """SmolLM2's Q8_0 head with each kind of activations, per row count (see the docstring)."""
+    out, cols = HEAD
+    q = torch.randint(-127, 128, HEAD, dtype=torch.int8)
+    scale = (torch.rand(out, cols // 32) * 0.01).half().float()
+    groups = GroupQuant(q, scale, torch.zeros_like(scale), bits=8)
+    kinds = ("float32", "int16", "int8")
+    weights = {kind: Q8_0Weight(groups, activations=kind) for kind in kinds}
+    clock = time.thread_time if one else time.perf_counter
+    print()
+    print("| head 49152 x 576 | rows | float32 ms | int16 ms | int8 ms |")
+    print("| --- | --- | --- | --- | --- |")
+    for rows in head_rows:
+        x = torch.randn(rows, cols)
+        times: dict[str, list[float]] = {kind: [] for kind in kinds}
+        for _ in range(passes):
+            for kind in kinds:
+                flush.add_(1.0)
+                started = clock()
+                F.linear(x, weights[kind])
+                times[kind].append((clock() - started) * 1e3)
+        cells = " | ".join(f"{statistics.median(times[kind]):.2f}" for kind in kinds)
+        print(f"| Q8_0 | {rows} | {cells} |", flush=True)
 
 
 if __name__ == "__main__":
