@@ -4,19 +4,18 @@ weight quantized min/max per group, --quantization int4). Int4Weight is the Quan
 this format; how it computes F.linear is an Int4Kernel chosen once, when the weight is made.
 
 It keeps the values in one of two pairs of forms, by how they are computed:
-- a float32 weight on the CPU, when the C++ extension is built: the nibbles block-transposed
-  for torch.ops.layerserve.q4_linear (csrc/q4_matmul.cpp, pack_q4_columns) with float16 (or
-  float32) scale/offset pairs, 0.625 bytes a weight. The op computes every row count (decode,
-  a decode batch, a prefill chunk), summing in float32;
+- a float32 weight on the CPU, when the C++ extension is built: by default (with VNNI) the layout
+  of int8_activations.py's ops, which quantize the activations to int16 per 32 columns and sum
+  in int32 (batch-invariant; "int8act" asked for by name: int8); else, or asked for as
+  "q4_linear", the nibbles block-transposed for torch.ops.layerserve.q4_linear
+  (csrc/q4_matmul.cpp, pack_q4_columns) with float16 (or float32) scale/offset pairs, 0.625
+  bytes a weight, summing in float32. Either op computes every row count;
 - otherwise, on the CPU, torch's int4 tile layout (_convert_weight_to_int4pack_for_cpu) with
   its scales_and_zeros [groups, out, 2], which computes w = (q - 8) * scale + zero: zero is
   offset + 8 * scale (Q4_0: 0; Q4_1: m + 8d), computed in float32 and rounded to the kernel's
   dtype (bfloat16 for float32 activations: 8 bits of mantissa); beside it two nibbles a byte
   [out, in / 2] (column 2j low, 2j + 1 high), which the dequantize-then-GEMM kernel and
-  embedding lookups unpack (one byte a weight in all).
-Asked for by name ("int16act" or "int8act", a float32 weight on the CPU), the layout of
-int8_activations.py's ops instead, which quantize the activations to int16 or int8 and sum in
-int32: batch-invariant."""
+  embedding lookups unpack (one byte a weight in all)."""
 
 from __future__ import annotations
 
@@ -38,14 +37,9 @@ from services.worker.layers.quantized_weight import QuantizedWeight
 # at all three (the unpacking dominates), float32 GEMM 1.3 / 6.1 / 17 ms: int4pack wins
 # through 64 rows; dequantize pays only for prefill chunks of hundreds of tokens.
 INT4PACK_MAX_ROWS = 256
-# A float32 model computes with the C++ op (Q4LinearOp) at every row count: every product of
-# the file's values is summed in float32, as the float32 reference's GEMM does (int4pack would
-# take the activations and the zeros as bfloat16, 8 bits of mantissa: greedy text parted from
-# the reference's in 3 of 24 prompts for SmolLM2's Q4_1, 4 of 24 for Gemma 3's Q4_K, 0 with
-# float32 sums). Above 4 rows it decodes each 64-row block to float32 once per panel of rows
-# and runs a register-tiled GEMM on it: 0.4-0.5x the time of float32 F.linear on the dense
-# weight from 16 to 1024 rows (the model's four shapes, 1 thread; benchmarks/q4_linear.py),
-# where dequantize-then-GEMM, which it replaces above 256 rows, costs more than F.linear.
+# --activations float32 (or no VNNI): the C++ op (Q4LinearOp) at every row count, float32 sums
+# of the file's values as the float32 reference's GEMM (int4pack's bfloat16 activations parted
+# greedy text in 3-4 of 24 prompts); 0.4-0.5x float32 F.linear's time at 16-1024 rows.
 Q4_BLOCK_ROWS = 64  # output rows a block of the op's layout (csrc/q4_matmul.cpp)
 _INNER_K_TILES = 2  # int4pack's tile: 2 x 16 input columns (its K must divide by 32)
 
@@ -162,13 +156,16 @@ INT4_KERNELS: dict[str, Int4Kernel] = {"int4pack": INT4PACK, "dequant": DEQUANT}
 TRITON_MAX_ROWS = 16
 
 
+# AUTO_FLOAT32: "auto" for float32 weights where the extension has VNNI is int16act: greedy text
+# and perplexity as float32 dense's, faster at every row count, batch-invariant (measured in
+# docs/benchmarks.md, "int16 activations"). int8act costs quality: asked for by name only.
+
+
 def int4_kernel(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Int4Kernel:
-    """The kernel `name` names ("int4pack" or "dequant" on the CPU); "auto" (or the int8
-    kernel names quantize_model also accepts): on the CPU, int4pack up to INT4PACK_MAX_ROWS
-    rows, where a small batch is bound by reading weights, and dequantize-then-GEMM above it;
-    for float32 weights, when the extension is built, the float32 op (Q4LinearOp) at every
-    row count; on CUDA the Triton kernel up to TRITON_MAX_ROWS rows, dequantize-then-GEMM
-    above."""
+    """The kernel `name` names; "auto" (or an int8 kernel's name): on the CPU, for float32
+    weights, int16act where the extension has VNNI (AUTO_FLOAT32), else the float32 op; other
+    dtypes int4pack up to INT4PACK_MAX_ROWS rows, dequantize-then-GEMM above; on CUDA the
+    Triton kernel up to TRITON_MAX_ROWS rows, dequantize-then-GEMM above."""
     if name == Q4_OP.name:  # asked for by name (--activations float32)
         if device.type != "cpu" or dtype != torch.float32 or not q4_op_available():
             raise ValueError("the q4_linear kernel needs float32 on the CPU and the C++ extension")
@@ -181,6 +178,9 @@ def int4_kernel(name: str, device: torch.device, dtype: torch.dtype = torch.bflo
         return DEQUANT if name == "dequant" else ByRows(TRITON, DEQUANT, TRITON_MAX_ROWS)
     if name in INT4_KERNELS:
         return INT4_KERNELS[name]
+    if dtype == torch.float32 and int_act.op_available(int_act.INT16ACT.name):
+        if int_act.vnni_built():
+            return int_act.INT16ACT  # see AUTO_FLOAT32 above
     if dtype == torch.float32 and q4_op_available():
         return Q4_OP
     return ByRows(INT4PACK, DEQUANT, INT4PACK_MAX_ROWS)

@@ -79,6 +79,14 @@ def op_available(kernel_name: str) -> bool:
     return cpu_attention_ext.load() and hasattr(torch.ops.layerserve, op_name)
 
 
+def vnni_built() -> bool:
+    """Whether the extension's integer-activation ops were compiled with AVX512-VNNI (else
+    they run their plain-code path: the same results, slower than the float32 op)."""
+    from services.worker.layers import cpu_attention_ext
+
+    return cpu_attention_ext.load() and bool(torch.ops.layerserve.q4_q8_has_vnni())
+
+
 def pack_q4_q8(
     q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from services.worker.layers.gguf_quant import GROUP_SIZE, GroupQuant
-from services.worker.layers.int8_activations import HEAD_OPS, pack_q8_0_q8
+from services.worker.layers.int8_activations import HEAD_OPS, UNIT_ROWS, pack_q8_0_q8
 from services.worker.layers.quantized_weight import QuantizedWeight
 
 # Above this many activation rows the op's loop (8 rows a pass over each weight row) loses to
@@ -46,40 +46,46 @@ def q8_0_op_available() -> bool:
 class Q8_0Weight(QuantizedWeight):
     """A float32 weight [out, in] held as int8 q [out, in] and float32 scales d [out, in / 32]."""
 
-    qweight: torch.Tensor  # the same int8 storage as a plain tensor, for the op
-    scale: torch.Tensor
+    qweight: torch.Tensor | None  # the same int8 storage as a plain tensor, for the op
+    scale: torch.Tensor | None
     packed: torch.Tensor | None  # the integer ops' layout, with activations "int8" or "int16"
     packed_scales: torch.Tensor | None
     activations: str  # "float32", "int16" or "int8"
+    out_features: int
 
     @staticmethod
     def __new__(cls, groups: GroupQuant, activations: str = "float32") -> Q8_0Weight:
         q, scale = groups.q, groups.scale
         if groups.bits != 8 or q.dtype != torch.int8 or q.shape[1] != scale.shape[1] * GROUP_SIZE:
             raise ValueError("expected Q8_0 groups: int8 [out, in] and [out, in / 32] scales")
-        q = q.contiguous()
-        weight = QuantizedWeight._wrap(cls, q, torch.float32)
-        weight.qweight, weight.scale = q, scale.float().contiguous()
         if activations != "float32" and activations not in HEAD_OPS:
             raise ValueError(f"activations float32, int16 or int8, got {activations!r}")
-        weight.packed = weight.packed_scales = None
-        weight.activations = activations
-        if activations in HEAD_OPS:
-            weight.packed, weight.packed_scales = pack_q8_0_q8(q, scale)
+        if activations in HEAD_OPS:  # only the ops' layout: lookups read their rows from it
+            packed, packed_scales = pack_q8_0_q8(q, scale)
+            weight = QuantizedWeight._wrap(cls, packed, torch.float32)
+            weight.packed, weight.packed_scales = packed, packed_scales
+            weight.qweight = weight.scale = None
+        else:
+            q = q.contiguous()
+            weight = QuantizedWeight._wrap(cls, q, torch.float32)
+            weight.qweight, weight.scale = q, scale.float().contiguous()
+            weight.packed = weight.packed_scales = None
+        weight.activations, weight.out_features = activations, q.shape[0]
         return weight
 
     def __init__(self, groups: GroupQuant, activations: str = "float32") -> None:
         pass  # all set in __new__; torch.Tensor.__init__ takes no arguments
 
     def __repr__(self, **kwargs: Any) -> str:
-        return f"Q8_0Weight(shape={tuple(self.qweight.shape)})"
+        columns = self.packed.shape[1] * 4 if self.packed is not None else self.qweight.shape[1]
+        return f"Q8_0Weight(shape={(self.out_features, columns)}, activations={self.activations})"
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if self.packed is not None and x.dtype == torch.float32:
-            rows = self.qweight.shape[0]
+        if self.packed is not None:
             op = getattr(torch.ops.layerserve, HEAD_OPS[self.activations])
-            out = op(flat.contiguous(), self.packed, self.packed_scales, rows)
+            flat = flat.to(torch.float32).contiguous()
+            out = op(flat, self.packed, self.packed_scales, self.out_features).to(x.dtype)
         elif flat.shape[0] <= Q8_0_OP_MAX_ROWS and x.dtype == torch.float32:
             out = torch.ops.layerserve.q8_0_linear(flat.contiguous(), self.qweight, self.scale)
         else:
@@ -99,14 +105,32 @@ class Q8_0Weight(QuantizedWeight):
         return out
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
-        return _dequantize(self.qweight[ids], self.scale[ids])
+        return _dequantize(*self._rows(ids))
 
     def dequantized(self) -> torch.Tensor:
-        return _dequantize(self.qweight, self.scale)
+        return _dequantize(*self._rows(None))
+
+    def _rows(self, ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q int8 [..., in], d float32 [..., in / 32]) of the rows `ids` (None: all of them),
+        from the ops' layout where that is all the weight holds (pack_q8_0_q8: 32 rows a unit,
+        each row's 4 columns at a time, stored q + 128)."""
+        if self.packed is None:
+            if ids is None:
+                return self.qweight, self.scale
+            return self.qweight[ids], self.scale[ids]
+        if ids is None:
+            ids = torch.arange(self.out_features, device=self.packed.device)
+        unit, lane = ids // UNIT_ROWS, ids % UNIT_ROWS
+        units, chunks, _ = self.packed.shape
+        by_row = self.packed.view(units, chunks, UNIT_ROWS, 4).permute(0, 2, 1, 3)
+        q = (by_row[unit, lane].to(torch.int16) - 128).to(torch.int8).flatten(-2)
+        scale = self.packed_scales.permute(0, 2, 1)[unit, lane].float()
+        return q, scale
 
     def stored_tensors(self) -> list[torch.Tensor]:
-        packed = [self.packed, self.packed_scales] if self.packed is not None else []
-        return [self.qweight, self.scale, *packed]
+        if self.packed is not None:
+            return [self.packed, self.packed_scales]
+        return [self.qweight, self.scale]
 
 
 def _dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

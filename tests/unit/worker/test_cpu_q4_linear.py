@@ -121,7 +121,7 @@ def test_two_threads_give_the_same_result_as_one(rows: int, out: int) -> None:
 
 def test_the_weight_reads_back_exactly_from_the_ops_layout() -> None:
     groups = _groups(80, 96, float16=True)  # 80: a padded second block
-    weight = Int4Weight(groups, torch.float32)
+    weight = Int4Weight(groups, torch.float32, "q4_linear")
     assert weight.kernel is Q4_OP and weight.pairs.dtype == torch.float16
     assert torch.equal(weight.nibbles, pack_nibbles(groups.q))
     assert torch.equal(weight.scale, groups.scale) and torch.equal(weight.offset, groups.offset)
@@ -133,7 +133,7 @@ def test_the_weight_reads_back_exactly_from_the_ops_layout() -> None:
 
 def test_other_layouts_go_through_the_kernel_and_bad_inputs_are_refused() -> None:
     groups = _groups(48, 64)
-    weight = Int4Weight(groups, torch.float32)
+    weight = Int4Weight(groups, torch.float32, "q4_linear")
     columns = torch.randn(64, 2).t()  # not contiguous: the kernel makes it so
     _assert_close_to_reference(Q4_OP(columns, weight), columns, groups)
     batched = torch.randn(2, 1, 64)
@@ -153,11 +153,12 @@ def test_other_layouts_go_through_the_kernel_and_bad_inputs_are_refused() -> Non
 
 @pytest.mark.parametrize("rows", [1, 7, 257, 1024])
 def test_a_float32_weight_sums_in_float32_at_every_batch_size(rows: int) -> None:
-    """Int4Weight's auto kernel for a float32 weight: the op at every row count, summing the
-    file's values in float32 (int4pack's bfloat16 activations would be ~1e-2 off), with no
-    int4pack tiles held; bfloat16 models keep int4pack."""
+    """Int4Weight's q4_linear kernel for a float32 weight (--activations float32; "auto"
+    without VNNI): the op at every row count, summing the file's values in float32 (int4pack's
+    bfloat16 activations would be ~1e-2 off), with no int4pack tiles held; bfloat16 models keep
+    int4pack."""
     groups = _groups(96, 576, float16=True)
-    weight = Int4Weight(groups, torch.float32)
+    weight = Int4Weight(groups, torch.float32, "q4_linear")
     x = torch.randn(rows, 576)
     exact = x.double() @ groups.dequantized().double().T
     error = (F.linear(x, weight).double() - exact).abs().max()
