@@ -21,7 +21,7 @@ from tests.reliability.load import COMPLETED, LOST, LoadResult, Outcome
 from tests.reliability.record import write_record
 
 STREAMS = 8
-TOKENS = 48  # ignore_eos: every stream is still running when the kill lands
+TOKENS = 160  # ignore_eos: every stream is still running when the kill lands
 REJOIN_WITHIN_S = 120.0
 TOPICS = ("rivers", "mountains", "the sea", "bread", "clocks", "owls", "trains", "snow")
 
@@ -91,25 +91,14 @@ def test_killed_replica_of_the_real_model_moves_its_streams_and_rejoins(
     stack = own_stack(
         null_worker=False,
         worker_ports=tuple(free_ports(2)),
-        # float32 dense, as the e2e stack's exact-reference tests: with the worker's 4-bit
-        # default (float32 sums of the file's 4-bit weights) a moved stream's recompute (its
-        # prompt and output as one prefill) still rounds otherwise than the decode steps it
-        # replaces (1 of the 8 texts parted from the reference after some 60 characters); so
-        # did bfloat16 (2-3 of 8). One thread each: two replicas on a 2-core machine, not two
-        # threads each waiting for a core at every op's barrier (the uninterrupted run took
-        # 152 s with two threads each on a busy 2-core box, 14 s with one).
-        worker_args=[
-            "--device",
-            "cpu",
-            "--num-blocks",
-            "256",
-            "--dtype",
-            "float32",
-            "--quantization",
-            "none",
-            "--threads",
-            "1",
-        ],
+        # The worker's default (the file's 4-bit weights, int16 activations summed exactly in
+        # int32): every row's result is the same in any batch, so a moved stream's recompute
+        # (its prompt and output as one prefill) gives the logits its decode steps would have.
+        # (The float32 sums of --activations float32 part 1 of the 8 texts from the reference
+        # after some 60 characters; bfloat16 2-3 of 8.) One thread each: two replicas on a
+        # 2-core machine, not two threads each waiting for a core at every op's barrier (the
+        # uninterrupted run took 152 s with two threads each on a busy 2-core box, 14 s with one).
+        worker_args=["--device", "cpu", "--num-blocks", "256", "--threads", "1"],
         scheduler_args=["--routing", "round-robin"],
         ready_timeout=300,
     )
@@ -132,7 +121,8 @@ def test_killed_replica_of_the_real_model_moves_its_streams_and_rejoins(
         "SIGKILL of one of two real-model replicas mid-stream",
         {
             "load": f"{STREAMS} greedy chat streams of {TOKENS} tokens (ignore_eos) on two "
-            "SmolLM2-135M workers on the CPU in float32, one thread each, round-robin",
+            "SmolLM2-135M workers on the CPU at their defaults (4-bit weights, int16 "
+            "activations), one thread each, round-robin",
             "faults": ["SIGKILL to worker0 while every stream was producing tokens"],
             "outcomes": result.counts(),
             "errors": result.errors(),
