@@ -139,9 +139,13 @@ class Speculator:
         return new_blocks
 
     def sent(self, step: ScheduledStep, now: float) -> None:
-        """A step leaves: timed if it only decodes (prefill chunks cost per token otherwise)."""
-        decoding = not step.new and all(
-            running.num_new == 1 + len(running.draft_token_ids) for running in step.running
+        """A step leaves: timed if it only decodes (prefill chunks cost per token otherwise)
+        and computes something (an empty step's near-zero time would price a token at a whole
+        step's cost: with steps of 0 and 1 token timed, the line through them)."""
+        decoding = (
+            step.num_tokens > 0
+            and not step.new
+            and all(running.num_new == 1 + len(running.draft_token_ids) for running in step.running)
         )
         self._timing = (step.num_tokens, now) if decoding else None
 

@@ -10,7 +10,7 @@ import pytest
 
 from services.scheduler.spec_decode import NgramProposer
 from services.scheduler.spec_policy import Acceptance, StepCost, choose
-from services.scheduler.step import Sample
+from services.scheduler.step import Sample, ScheduledStep
 from tests.unit.scheduler.drive import FakeClock, drafts, make_request, make_scheduler
 
 
@@ -53,6 +53,16 @@ def test_step_cost_follows_recent_steps_and_forgets_stale_sizes():
         cost.record(8, 0.080)
     # Forgotten: a step of 16 looks as dear as one of 8 (free proposals), and is timed again.
     assert cost.seconds(16) == pytest.approx(0.080, rel=0.01)
+
+
+def test_a_step_that_only_tells_the_worker_to_forget_is_not_timed():
+    # Its near-zero time beside one-token steps' would draw a line pricing a token at a whole
+    # step (seen on the L2 bench: no proposal was ever taken after one such step).
+    sched = make_scheduler(num_blocks=8, block_size=4, proposer=NgramProposer(2, 4, 6))
+    speculator = sched.speculator
+    speculator.sent(ScheduledStep(finished_ids=["done"]), now=1.0)
+    speculator.done(now=1.00002)
+    assert speculator.cost.seconds(1) == 0.0  # still nothing timed: proposals look free
 
 
 def test_acceptance_counts_the_first_rejection_as_the_last_trial():
