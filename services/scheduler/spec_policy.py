@@ -122,6 +122,13 @@ class Acceptance:
         self.trials += num_accepted + (num_accepted < num_drafts)
 
 
+# Proposals are taken only where they promise at least this much more expected tokens a second
+# than the step without them: acceptance and step costs are estimates, and a proposal that
+# barely pays on paper costs a verify row for nothing as often as not (one sampled stream of
+# open prompts ran 7% slower than with speculation off while its proposals were ~40% accepted).
+MIN_GAIN = 0.1
+
+
 def choose(
     candidates: list[tuple[float, int]],
     expected_tokens: int,
@@ -139,7 +146,8 @@ def choose(
     heapq.heapify(best)
     counts = [0] * len(candidates)
     expected = float(expected_tokens)
-    rate, cut = _rate(expected, seconds(num_tokens)), 0
+    plain = _rate(expected, seconds(num_tokens))
+    rate, cut = plain, 0
     while best:
         worth, i = heapq.heappop(best)
         order.append(i)
@@ -150,6 +158,8 @@ def choose(
         p, n = candidates[i]
         if counts[i] < n:
             heapq.heappush(best, (-(p ** (counts[i] + 1)), i))
+    if rate < plain * (1 + MIN_GAIN):
+        cut = 0  # within the estimates' noise of a step without proposals: not worth a try
     taken = [0] * len(candidates)
     for i in order[:cut]:
         taken[i] += 1

@@ -96,8 +96,10 @@ def test_choose_takes_proposals_while_they_pay_best_first():
     # Tokens that cost more than their step's fixed part: only near-certain proposals pay.
     assert choose([(0.8, 8), (0.5, 4)], 8, 8, line(0.010, 0.010)) == [0, 0]
     # A near-certain proposal is a token for the price of one token, below the step's average
-    # (a + b T) / E as long as a > 0: it pays however dear tokens are.
-    assert choose([(0.99, 8), (0.5, 4)], 8, 8, line(0.010, 0.010)) == [8, 0]
+    # (a + b T) / E as long as a > 0: it pays however dear tokens are, once the gain clears
+    # MIN_GAIN (here +4%: not taken; with a dearer fixed part, +18%: all taken).
+    assert choose([(0.99, 8), (0.5, 4)], 8, 8, line(0.010, 0.010)) == [0, 0]
+    assert choose([(0.99, 8), (0.5, 4)], 8, 8, line(0.040, 0.010)) == [8, 0]
 
 
 def test_choose_at_batch_one_on_a_cpu_prices_each_row():
@@ -107,7 +109,10 @@ def test_choose_at_batch_one_on_a_cpu_prices_each_row():
     cost = {1: 0.0075, 2: 0.0107, 3: 0.0162}
     seconds = lambda tokens: cost.get(tokens, 0.0162 + 0.0055 * (tokens - 3))  # noqa: E731
     assert choose([(0.40, 8)], 1, 1, seconds) == [0]  # open text, sampled: ~0.4 accepted
-    assert choose([(0.50, 8)], 1, 1, seconds) == [1]  # the second, worth 0.25, does not pay
+    # 0.5: one proposal gains 5% on paper, within MIN_GAIN; 0.6 gains 12%, and the second
+    # (worth 0.36) does not pay
+    assert choose([(0.50, 8)], 1, 1, seconds) == [0]
+    assert choose([(0.60, 8)], 1, 1, seconds) == [1]
     # Copying (0.95): two proposals (16.2 ms for 2.85 tokens) are worse than one (10.7 ms for
     # 1.95), but the third row is cheap (19 ms for 3.71 tokens): the best is three.
     cost[4] = 0.0190
