@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,14 +20,12 @@ import torch.nn.functional as F
 from services.worker.layers.attention import StepAttention
 from services.worker.layers.attention_backends import choose_attention_backend
 from services.worker.layers.gguf_quant import (
-    BLOCK_BYTES,
     Q4_0,
     Q4_1,
     Q4_K,
     GroupQuant,
-    decode_blocks,
 )
-from services.worker.layers.int4_weight import Int4Weight, pack_nibbles, quantize_int4
+from services.worker.layers.int4_weight import Int4Weight, pack_nibbles
 from services.worker.layers.int8_activations import (
     INT8,
     INT8ACT,
@@ -44,33 +41,12 @@ from services.worker.layers.int8_activations import (
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.model.loader import LoadedModel
 from services.worker.model.quant import quantize_loaded
+from tests.unit.worker.test_cpu_q4_linear import _gguf_groups, _groups
 
 pytestmark = pytest.mark.usefixtures("cpu_extension")  # conftest: built if need be
 
 KINDS = [INT8ACT, INT16ACT]
 LIMIT = {INT8ACT: INT8, INT16ACT: INT16}  # the activations' largest |xq|
-
-
-def _groups(out: int, cols: int, seed: int = 0, float16: bool = True) -> GroupQuant:
-    """Random 4-bit groups; float16: scales and offsets rounded to float16, as GGUF's are."""
-    generator = torch.Generator().manual_seed(seed)
-    groups = quantize_int4(torch.randn(out, cols, generator=generator))
-    if not float16:
-        return groups
-    scale, offset = groups.scale.half().float(), groups.offset.half().float()
-    return GroupQuant(groups.q, scale, offset, bits=4)
-
-
-def _gguf_groups(tensor_type: int, out: int, cols: int, seed: int) -> GroupQuant:
-    """A GGUF tensor of random blocks (random nibbles, float16 d and m), decoded as the loader
-    decodes a file's."""
-    rng = np.random.default_rng(seed)
-    per_block = 256 if tensor_type == Q4_K else 32
-    blocks = rng.integers(0, 256, (out, cols // per_block, BLOCK_BYTES[tensor_type]), np.uint8)
-    halves = 1 if tensor_type == Q4_0 else 2
-    scales = rng.normal(0, 0.05, (out, cols // per_block, halves)).astype(np.float16)
-    blocks[..., : 2 * halves] = scales.view(np.uint8).reshape(*scales.shape[:2], 2 * halves)
-    return decode_blocks(blocks.reshape(out, -1), tensor_type)
 
 
 def _rows(rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -140,7 +116,7 @@ def test_each_row_is_the_same_whatever_the_batch_and_thread_count(
 ) -> None:
     """Row i of an M-row call equals the 1-row call on row i, bit for bit, for every M, with
     one thread and two: a stream's logits do not depend on what it is batched with."""
-    groups = _groups(out, cols, seed=out)
+    groups = _groups(out, cols, seed=out, float16=True)
     x = _rows(max(BATCHES), cols, seed=cols)
     threads = torch.get_num_threads()
     try:
@@ -164,7 +140,7 @@ def test_within_the_activations_rounding_of_float32_times_the_dequantized_weight
     groups of d / 2 * sum |q * scale| (plus float32 rounding): a bound that holds for any data.
     On random data the error is ~1% of the outputs' size (relative RMS) with int8, ~258x less
     (32767 / 127) with int16."""
-    groups = _groups(out, cols, seed=cols)
+    groups = _groups(out, cols, seed=cols, float16=True)
     x = torch.randn(64, cols, generator=torch.Generator().manual_seed(out))
     got = _op(x, groups, kind).double()
     exact = x.double() @ groups.dequantized().double().T
@@ -180,7 +156,7 @@ def test_within_the_activations_rounding_of_float32_times_the_dequantized_weight
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 def test_the_weight_reads_back_exactly_from_the_ops_layout(kind: IntActivationsOp) -> None:
-    groups = _groups(80, 96)  # 80: a padded third unit of 32 rows
+    groups = _groups(80, 96, float16=True)  # 80: a padded third unit of 32 rows
     weight = Int4Weight(groups, torch.float32, kernel=kind.name)
     assert weight.packed.shape == (3, 12, 128) and weight.pairs.dtype == torch.float16
     assert torch.equal(weight.nibbles, pack_nibbles(groups.q))
