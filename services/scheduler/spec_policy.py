@@ -146,6 +146,7 @@ def choose(
     heapq.heapify(best)
     counts = [0] * len(candidates)
     expected = float(expected_tokens)
+    free = seconds(num_tokens) == 0  # nothing timed yet, or the fixed policy: take them all
     plain = _rate(expected, seconds(num_tokens))
     rate, cut = plain, 0
     while best:
@@ -158,7 +159,7 @@ def choose(
         p, n = candidates[i]
         if counts[i] < n:
             heapq.heappush(best, (-(p ** (counts[i] + 1)), i))
-    if rate < plain * (1 + MIN_GAIN):
+    if not free and rate < plain * (1 + MIN_GAIN):
         cut = 0  # within the estimates' noise of a step without proposals: not worth a try
     taken = [0] * len(candidates)
     for i in order[:cut]:

@@ -82,6 +82,8 @@ def line(a: float, b: float):
 
 def test_choose_takes_everything_while_tokens_are_free():
     assert choose([(0.9, 4), (0.05, 3), (0.5, 0)], 8, 8, line(0.04, 0.0)) == [4, 3, 0]
+    # The fixed policy's cost (every step free), or nothing timed yet: all, whatever the gain.
+    assert choose([(0.2, 1), (0.5, 0)], 8, 8, line(0.0, 0.0)) == [1, 0]
 
 
 def test_choose_takes_proposals_while_they_pay_best_first():
