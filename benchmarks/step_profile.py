@@ -36,7 +36,8 @@ CPU = torch.device("cpu")
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm",
               "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int4pack_mm",
               "aten::matmul", "aten::linear", "layerserve::q4_linear",
-              "layerserve::q8_0_linear")  # fmt: skip
+              "layerserve::q8_0_linear", "layerserve::q4_q16_linear", "layerserve::q4_q8_linear",
+              "layerserve::q8_0_q16_linear", "layerserve::q8_0_q8_linear")  # fmt: skip
 ATTENTION_OPS = ("layerserve::paged_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
                  "aten::scaled_dot_product_attention")  # fmt: skip
 
