@@ -177,8 +177,8 @@ class WorkerConfig:
         choices=ACTIVATION_CHOICES,
         help="what the CPU's kernels for 4-bit and Q8_0 weights multiply them with: float32 "
         "(every sum in float32: greedy text equals float32 dense weights'); int16 or int8 (each "
-        "row quantized per 32 columns, sums exact in int32 with AVX512-VNNI: a row's result "
-        "does not depend on its batch; int8 is llama.cpp's Q8 and costs quality); auto: the "
+        "row quantized per 32 columns, sums exact in int32 with AVX512-VNNI or AVX2: a row's "
+        "result does not depend on its batch; int8 is llama.cpp's Q8 and costs quality); auto: the "
         "worker's measured choice, logged",
     )
     drain_timeout_s: float = drain_timeout_setting()  # on SIGTERM, for requests it holds

@@ -4,7 +4,8 @@ weight quantized min/max per group, --quantization int4). Int4Weight is the Quan
 this format; how it computes F.linear is an Int4Kernel chosen once, when the weight is made.
 
 It keeps the values in one of two pairs of forms, by how they are computed:
-- a float32 weight on the CPU, when the C++ extension is built: by default (with VNNI) the layout
+- a float32 weight on the CPU, when the C++ extension is built: by default (with AVX512-VNNI or
+  AVX2 integer sums) the layout
   of int8_activations.py's ops, which quantize the activations to int16 per 32 columns and sum
   in int32 (batch-invariant; "int8act" asked for by name: int8); else, or asked for as
   "q4_linear", the nibbles block-transposed for torch.ops.layerserve.q4_linear
@@ -37,7 +38,7 @@ from services.worker.layers.quantized_weight import QuantizedWeight
 # at all three (the unpacking dominates), float32 GEMM 1.3 / 6.1 / 17 ms: int4pack wins
 # through 64 rows; dequantize pays only for prefill chunks of hundreds of tokens.
 INT4PACK_MAX_ROWS = 256
-# --activations float32 (or no VNNI): the C++ op (Q4LinearOp) at every row count, float32 sums
+# --activations float32 (or no AVX2): the C++ op (Q4LinearOp) at every row count, float32 sums
 # of the file's values as the float32 reference's GEMM (int4pack's bfloat16 activations parted
 # greedy text in 3-4 of 24 prompts); 0.4-0.5x float32 F.linear's time at 16-1024 rows.
 Q4_BLOCK_ROWS = 64  # output rows a block of the op's layout (csrc/q4_matmul.cpp)
@@ -156,15 +157,16 @@ INT4_KERNELS: dict[str, Int4Kernel] = {"int4pack": INT4PACK, "dequant": DEQUANT}
 TRITON_MAX_ROWS = 16
 
 
-# AUTO_FLOAT32: "auto" for float32 weights where the extension has VNNI is int16act: greedy text
-# and perplexity as float32 dense's, faster at every row count, batch-invariant (measured in
-# docs/benchmarks.md, "int16 activations"). int8act costs quality: asked for by name only.
+# AUTO_FLOAT32: "auto" for float32 weights where the extension sums integers with AVX512-VNNI or
+# AVX2 is int16act: greedy text and perplexity as float32 dense's, faster at every row count,
+# batch-invariant (measured in docs/benchmarks.md, "int16 activations"; on AVX2 alone the
+# float32 op is 5-13x slower still). int8act costs quality: asked for by name only.
 
 
 def int4_kernel(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Int4Kernel:
     """The kernel `name` names; "auto" (or an int8 kernel's name): on the CPU, for float32
-    weights, int16act where the extension has VNNI (AUTO_FLOAT32), else the float32 op; other
-    dtypes int4pack up to INT4PACK_MAX_ROWS rows, dequantize-then-GEMM above; on CUDA the
+    weights, int16act where the extension has VNNI or AVX2 (AUTO_FLOAT32), else the float32
+    op; other dtypes int4pack up to INT4PACK_MAX_ROWS rows, dequantize-then-GEMM above; on CUDA the
     Triton kernel up to TRITON_MAX_ROWS rows, dequantize-then-GEMM above."""
     if name == Q4_OP.name:  # asked for by name (--activations float32)
         if device.type != "cpu" or dtype != torch.float32 or not q4_op_available():
@@ -179,7 +181,7 @@ def int4_kernel(name: str, device: torch.device, dtype: torch.dtype = torch.bflo
     if name in INT4_KERNELS:
         return INT4_KERNELS[name]
     if dtype == torch.float32 and int_act.op_available(int_act.INT16ACT.name):
-        if int_act.vnni_built():
+        if int_act.simd_built():
             return int_act.INT16ACT  # see AUTO_FLOAT32 above
     if dtype == torch.float32 and q4_op_available():
         return Q4_OP

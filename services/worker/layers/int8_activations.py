@@ -1,12 +1,12 @@
 """4-bit weights times integer activations (the Int4Weight kernels "int8act" and "int16act"):
 each activation row is quantized to int8 or int16 per group of 32 columns inside the op and the
-products q * xq are summed exactly in int32 by AVX512-VNNI (torch.ops.layerserve.q4_q8_linear
-and q4_q16_linear, csrc/q4_q8_matmul.cpp and csrc/int_activations.h, which state the formula
-and what it changes against float32 sums); int8 as llama.cpp's Q8 blocks do. Every output row
-is bit-identical whatever the call's row count and thread count, so a speculative verify step
-(1 + k rows) gives the same logits as k + 1 single-row steps. The price is the activations'
-rounding: 1/254 of a group's largest |x| for int8 (the csrc header gives its measured
-perplexity cost), 1/65534 for int16.
+products q * xq are summed exactly in int32 by AVX512-VNNI or AVX2
+(torch.ops.layerserve.q4_q8_linear and q4_q16_linear, csrc/q4_q8_matmul.cpp and
+csrc/int_activations.h, which state the formula and what it changes against float32 sums); int8
+as llama.cpp's Q8 blocks do. Every output row is bit-identical whatever the call's row count and
+thread count, so a speculative verify step (1 + k rows) gives the same logits as k + 1
+single-row steps. The price is the activations' rounding: 1/254 of a group's largest |x| for
+int8 (the csrc header gives its measured perplexity cost), 1/65534 for int16.
 
 This module holds the ops' layouts (pack_q4_q8 and its inverse, pack_q8_0_q8 for the Q8_0 head),
 the kernels, and the formulas in torch (reference_q4_linear, reference_q8_0_linear) that the
@@ -79,12 +79,20 @@ def op_available(kernel_name: str) -> bool:
     return cpu_attention_ext.load() and hasattr(torch.ops.layerserve, op_name)
 
 
-def vnni_built() -> bool:
-    """Whether the extension's integer-activation ops were compiled with AVX512-VNNI (else
-    they run their plain-code path: the same results, slower than the float32 op)."""
+def instruction_set() -> str:
+    """What the extension's integer sums were compiled with: "avx512_vnni", "avx2" (the same
+    results by vpmaddwd) or "plain" (the same results, slower than the float32 op); "" when
+    the extension is not built."""
     from services.worker.layers import cpu_attention_ext
 
-    return cpu_attention_ext.load() and bool(torch.ops.layerserve.q4_q8_has_vnni())
+    if not cpu_attention_ext.load():
+        return ""
+    return str(torch.ops.layerserve.int_activations_isa())
+
+
+def simd_built() -> bool:
+    """Whether the integer-activation ops run vector integer sums (AVX512-VNNI or AVX2)."""
+    return instruction_set() in ("avx512_vnni", "avx2")
 
 
 def pack_q4_q8(

@@ -25,7 +25,11 @@
 // Weights stored unsigned with a bias (Q8_0's q + 128) subtract bias * sum(xq) per group.
 //
 // With intrinsics where the compiler has AVX512-VNNI and AVX512-BW (the extension is built
-// -march=native); elsewhere plain code with the same operations in the same order.
+// -march=native); with AVX2 intrinsics where it has AVX2, FMA and F16C (vpmaddwd: s16 x s16
+// pairs summed into int32 lanes, then vpaddd: vpdpwssd's sum in two instructions; int8
+// activations as s16 pairs of even and of odd bytes, vpdpbusd's sum in four; 8 lanes a vector,
+// so a unit is four quarters of 8 rows, each its own pass over the unit's bytes in L1);
+// elsewhere plain code. All three run the same operations in the same order: the same bits.
 
 #pragma once
 
@@ -43,6 +47,9 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define LAYERSERVE_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define LAYERSERVE_INT_AVX2 1
 #endif
 
 namespace int_activations {
@@ -50,7 +57,23 @@ namespace int_activations {
 constexpr int64_t kGroup = 32;                  // input columns a group (a GGUF block)
 constexpr int64_t kUnitRows = 32;               // output rows a unit: two vectors of 16 lanes
 constexpr int64_t kChunkBytes = kUnitRows * 4;  // one chunk of a unit: 128 bytes
-constexpr int kMaxTile = 8;  // activation rows sharing one pass over a unit (registers)
+// Activation rows sharing one pass over a unit (registers: AVX2 has 16 vector registers, not 32).
+#if defined(LAYERSERVE_INT_AVX2)
+constexpr int kMaxTile = 4;
+#else
+constexpr int kMaxTile = 8;
+#endif
+
+// Which instructions the integer sums were compiled with: "avx512_vnni", "avx2" or "plain".
+inline const char* instruction_set() {
+#if defined(LAYERSERVE_VNNI)
+  return "avx512_vnni";
+#elif defined(LAYERSERVE_INT_AVX2)
+  return "avx2";
+#else
+  return "plain";
+#endif
+}
 
 template <typename T>
 constexpr float kLimit = std::numeric_limits<T>::max();  // 127 or 32767
@@ -91,6 +114,29 @@ float quantize_group(const float* v, T* xq) {
                           _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(r)));
     }
   }
+  return d;
+#elif defined(LAYERSERVE_INT_AVX2)
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 eights[4], amax8 = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    eights[i] = _mm256_loadu_ps(v + 8 * i);
+    amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, eights[i]));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, amax8);
+  float amax = 0.0f;
+  for (float lane : lanes) amax = std::max(amax, lane);
+  const float d = amax / kLimit<T>;
+  const __m256 divisor = _mm256_set1_ps(d == 0.0f ? 1.0f : d), zero = _mm256_setzero_ps();
+  const __m256 low = _mm256_set1_ps(-kLimit<T>), high = _mm256_set1_ps(kLimit<T>);
+  alignas(32) int32_t values[32];
+  for (int i = 0; i < 4; ++i) {
+    __m256 r = _mm256_round_ps(_mm256_div_ps(eights[i], divisor),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = d == 0.0f ? zero : _mm256_min_ps(_mm256_max_ps(r, low), high);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(values + 8 * i), _mm256_cvtps_epi32(r));
+  }
+  for (int j = 0; j < 32; ++j) xq[stored_column<T>(j)] = static_cast<T>(values[j]);
   return d;
 #else
   float amax = 0.0f;
@@ -228,6 +274,95 @@ void unit_rows(const uint8_t* w, const P* scales, int64_t groups, int64_t k, Row
   }
 }
 
+#elif defined(LAYERSERVE_INT_AVX2)
+
+inline __m256 load_floats(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load_floats(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The activations of one instruction's columns as the int32s that vpmaddwd pairs with a part:
+// int16, one pair; int8, (x0, x2) and (x1, x3) as s16 pairs for the even and the odd bytes.
+template <typename T>
+inline void broadcast_pairs(const T* xq, __m256i* pairs) {
+  if constexpr (sizeof(T) == 2) {
+    int32_t pair;
+    std::memcpy(&pair, xq, sizeof(pair));
+    pairs[0] = _mm256_set1_epi32(pair);
+  } else {
+    const auto s16 = [](int8_t v) { return static_cast<uint32_t>(static_cast<uint16_t>(v)); };
+    pairs[0] = _mm256_set1_epi32(static_cast<int32_t>(s16(xq[0]) | s16(xq[2]) << 16));
+    pairs[1] = _mm256_set1_epi32(static_cast<int32_t>(s16(xq[1]) | s16(xq[3]) << 16));
+  }
+}
+
+// isum + the lanes' products: int16, one vpmaddwd; int8, the unsigned bytes split into even
+// and odd s16 pairs, one vpmaddwd each (u8 x s8 products and their sums are exact in int32).
+template <typename T>
+inline __m256i dot(__m256i isum, __m256i w, const __m256i* pairs) {
+  if constexpr (sizeof(T) == 2) return _mm256_add_epi32(isum, _mm256_madd_epi16(w, pairs[0]));
+  const __m256i bytes = _mm256_set1_epi32(0x00FF00FF);
+  const __m256i even = _mm256_and_si256(w, bytes);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(w, 8), bytes);
+  return _mm256_add_epi32(_mm256_add_epi32(isum, _mm256_madd_epi16(even, pairs[0])),
+                          _mm256_madd_epi16(odd, pairs[1]));
+}
+
+// As the VNNI kernel, a quarter of the unit (8 rows, lanes 8q..8q+7) at a time.
+template <typename W, typename T, typename P, int R>
+void unit_rows(const uint8_t* w, const P* scales, int64_t groups, int64_t k, Rows<T> x,
+               float* out, int64_t out_stride, int64_t valid) {
+  constexpr Split split = W::template split<T>();
+  constexpr int per_int32 = 4 / sizeof(T);
+  for (int quarter = 0; quarter < 4 && 8 * quarter < valid; ++quarter) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      __m256i isum[R];
+      for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+      for (int64_t chunk = 0; chunk < kGroup / W::kColumns; ++chunk) {
+        const uint8_t* bytes = w + (g * (kGroup / W::kColumns) + chunk) * kChunkBytes;
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes) + quarter);
+        for (int s = 0; s < split.count; ++s) {
+          __m256i part = split.shifts[s] ? _mm256_srli_epi32(v, split.shifts[s]) : v;
+          if (split.mask != 0xFFFFFFFFu)
+            part = _mm256_and_si256(part, _mm256_set1_epi32(static_cast<int32_t>(split.mask)));
+          for (int r = 0; r < R; ++r) {
+            __m256i pairs[2];
+            broadcast_pairs<T>(
+                x.xq + r * k + g * kGroup + chunk * W::kColumns + s * per_int32, pairs);
+            isum[r] = dot<T>(isum[r], part, pairs);
+          }
+        }
+      }
+      const P* set = scales + g * W::kSets * kUnitRows + 8 * quarter;
+      const __m256 scale = load_floats(set);
+      for (int r = 0; r < R; ++r) {
+        __m256i sum = isum[r];
+        if (W::kBias)
+          sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(W::kBias * x.xsum[r * groups + g]));
+        const __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(x.d[r * groups + g]));
+        acc[r] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(sum), acc[r]);
+        if (W::kSets == 2) {
+          const __m256 offset = load_floats(set + kUnitRows);
+          acc[r] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x.sx[r * groups + g]), acc[r]);
+        }
+      }
+    }
+    const int64_t lanes = std::min<int64_t>(8, valid - 8 * quarter);
+    for (int r = 0; r < R; ++r) {
+      float* row = out + r * out_stride + 8 * quarter;
+      if (lanes == 8) {
+        _mm256_storeu_ps(row, acc[r]);
+      } else {
+        alignas(32) float tail[8];
+        _mm256_store_ps(tail, acc[r]);
+        std::memcpy(row, tail, lanes * sizeof(float));
+      }
+    }
+  }
+}
+
 #else  // plain code: the same operations per output, one at a time
 
 template <typename W, typename T, typename P, int R>
@@ -268,7 +403,7 @@ using UnitRows = void (*)(const uint8_t*, const P*, int64_t, int64_t, Rows<T>, f
                           int64_t);
 
 template <typename W, typename T, typename P>
-constexpr UnitRows<W, T, P> kUnitRowsFor[kMaxTile + 1] = {
+constexpr UnitRows<W, T, P> kUnitRowsFor[9] = {  // by tile rows, 1..8 (up to kMaxTile used)
     nullptr,
     unit_rows<W, T, P, 1>, unit_rows<W, T, P, 2>, unit_rows<W, T, P, 3>, unit_rows<W, T, P, 4>,
     unit_rows<W, T, P, 5>, unit_rows<W, T, P, 6>, unit_rows<W, T, P, 7>, unit_rows<W, T, P, 8>};

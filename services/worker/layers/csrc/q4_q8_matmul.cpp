@@ -1,7 +1,8 @@
 // out [M, N] = x [M, K] @ W.T for a 4-bit weight W [N, K] (Int4Weight's values: per group of 32
 // input columns and output row, w = q * scale + offset, q in 0..15), with the activations
 // quantized to integers per group inside the op and each group's products summed exactly in
-// int32 by AVX512-VNNI (int_activations.h: the formula, the kernel, batch invariance):
+// int32 by AVX512-VNNI, or AVX2 where the CPU has no VNNI (int_activations.h: the formula, the
+// kernels, batch invariance):
 // - q4_q8_linear: int8 activations, vpdpbusd (u8 x s8, 64 products an instruction), as
 //   llama.cpp's Q8 blocks do;
 // - q4_q16_linear: int16 activations, vpdpwssd (s16 x s16, 32 products an instruction: half
@@ -42,6 +43,8 @@
 
 #include <torch/library.h>
 
+#include <string>
+
 #include "int_activations.h"
 
 namespace {
@@ -71,13 +74,7 @@ at::Tensor q4_q16_linear(const at::Tensor& x, const at::Tensor& packed, const at
   return int_activations::linear<Q4Weights, int16_t>("q4_q16_linear", x, packed, pairs, n);
 }
 
-bool has_vnni() {
-#if defined(LAYERSERVE_VNNI)
-  return true;
-#else
-  return false;
-#endif
-}
+std::string instruction_set() { return int_activations::instruction_set(); }
 
 }  // namespace
 
@@ -86,5 +83,5 @@ TORCH_LIBRARY_FRAGMENT(layerserve, m) {
   m.impl("q4_q8_linear", c10::DispatchKey::CPU, &q4_q8_linear);
   m.def("q4_q16_linear(Tensor x, Tensor packed, Tensor pairs, int n) -> Tensor");
   m.impl("q4_q16_linear", c10::DispatchKey::CPU, &q4_q16_linear);
-  m.def("q4_q8_has_vnni() -> bool", &has_vnni);
+  m.def("int_activations_isa() -> str", &instruction_set);
 }

@@ -1,7 +1,7 @@
 // out [M, N] = x [M, K] @ W.T for a Q8_0 weight W [N, K] (GGUF's: int8 q, one scale d per 32
 // input columns, w = d * q; q8_0_weight.py), with the activations quantized per group inside
 // the op as q4_q8_matmul.cpp's are and each group's products summed exactly in int32 by
-// AVX512-VNNI (int_activations.h): q8_0_matmul.cpp's float32 sums for integer ones, and
+// AVX512-VNNI or AVX2 (int_activations.h): q8_0_matmul.cpp's float32 sums for integer ones, and
 // batch-invariant. q8_0_q8_linear: int8 activations (vpdpbusd); q8_0_q16_linear: int16
 // (vpdpwssd). Per output row and group: isum = sum q * xq, acc = fma(d_w * d_x, float(isum),
 // acc), groups in order from 0 (int8_activations.reference_q8_0_linear).
