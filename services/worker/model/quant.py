@@ -16,6 +16,7 @@ import logging
 import torch
 from torch import nn
 
+from services.worker.layers import int8_activations as int_act
 from services.worker.layers.int4_weight import Int4Weight
 from services.worker.layers.int8_weight import KERNEL_CHOICES, Int8Weight
 from services.worker.layers.quantized_weight import QuantizedWeight
@@ -104,7 +105,9 @@ def quantize_loaded(
         return loaded
     four_bit = {b.kernel.name for b in loaded.model.buffers() if isinstance(b, Int4Weight)}
     if four_bit:
-        logger.info("weights: 4-bit linears through %s", ", ".join(sorted(four_bit)))
+        isa = int_act.instruction_set()
+        how = f" (integer sums: {isa})" if four_bit & set(int_act.INT_ACTIVATION_KERNELS) else ""
+        logger.info("weights: 4-bit linears through %s%s", ", ".join(sorted(four_bit)), how)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the float weights' memory, so the KV cache can size into it
     recipe = f"{loaded.fingerprint}\0{method}" + ("\0embeddings" if embeddings else "")
