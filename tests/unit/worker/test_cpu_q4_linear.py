@@ -154,9 +154,9 @@ def test_other_layouts_go_through_the_kernel_and_bad_inputs_are_refused() -> Non
 @pytest.mark.parametrize("rows", [1, 7, 257, 1024])
 def test_a_float32_weight_sums_in_float32_at_every_batch_size(rows: int) -> None:
     """Int4Weight's q4_linear kernel for a float32 weight (--activations float32; "auto"
-    without VNNI): the op at every row count, summing the file's values in float32 (int4pack's
-    bfloat16 activations would be ~1e-2 off), with no int4pack tiles held; bfloat16 models keep
-    int4pack."""
+    without VNNI or AVX2): the op at every row count, summing the file's values in float32
+    (int4pack's bfloat16 activations would be ~1e-2 off), with no int4pack tiles held; bfloat16
+    models keep int4pack."""
     groups = _groups(96, 576, float16=True)
     weight = Int4Weight(groups, torch.float32, "q4_linear")
     x = torch.randn(rows, 576)

@@ -148,7 +148,7 @@ def test_int4_weight_from_gguf_blocks_computes_the_files_weight(
         x = torch.randn(rows, 128)
         expected = x @ reference.T
         # int4pack computes float32 activations in bfloat16 (8 bits of mantissa); auto sums in
-        # float32 (the C++ op) or rounds them to int16 per 32 columns (int16act, with VNNI)
+        # float32 (the C++ op) or rounds them to int16 per 32 columns (int16act, with VNNI or AVX2)
         # when the extension is built, else int4pack up to its rows and dequantize-then-GEMM
         op = weight.kernel.name in ("q4_linear", "int16act")
         bfloat16_path = kernel == "int4pack" or (
