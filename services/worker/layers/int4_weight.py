@@ -4,11 +4,10 @@ weight quantized min/max per group, --quantization int4). Int4Weight is the Quan
 this format; how it computes F.linear is an Int4Kernel chosen once, when the weight is made.
 
 It keeps the values in one of two pairs of forms, by how they are computed:
-- a float32 weight on the CPU, when the C++ extension is built: by default (with AVX512-VNNI or
-  AVX2 integer sums) the layout
-  of int8_activations.py's ops, which quantize the activations to int16 per 32 columns and sum
-  in int32 (batch-invariant; "int8act" asked for by name: int8); else, or asked for as
-  "q4_linear", the nibbles block-transposed for torch.ops.layerserve.q4_linear
+- a float32 weight on the CPU, when the C++ extension is built: by default (integer sums with
+  AVX512-VNNI or AVX2) the layout of int8_activations.py's ops, which quantize the activations
+  to int16 per 32 columns and sum in int32 (batch-invariant; "int8act" by name: int8); else, or
+  asked for as "q4_linear", the nibbles block-transposed for torch.ops.layerserve.q4_linear
   (csrc/q4_matmul.cpp, pack_q4_columns) with float16 (or float32) scale/offset pairs, 0.625
   bytes a weight, summing in float32. Either op computes every row count;
 - otherwise, on the CPU, torch's int4 tile layout (_convert_weight_to_int4pack_for_cpu) with
@@ -166,8 +165,8 @@ TRITON_MAX_ROWS = 16
 def int4_kernel(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Int4Kernel:
     """The kernel `name` names; "auto" (or an int8 kernel's name): on the CPU, for float32
     weights, int16act where the extension has VNNI or AVX2 (AUTO_FLOAT32), else the float32
-    op; other dtypes int4pack up to INT4PACK_MAX_ROWS rows, dequantize-then-GEMM above; on CUDA the
-    Triton kernel up to TRITON_MAX_ROWS rows, dequantize-then-GEMM above."""
+    op; other dtypes int4pack up to INT4PACK_MAX_ROWS rows, dequantize-then-GEMM above; on
+    CUDA the Triton kernel up to TRITON_MAX_ROWS rows, dequantize-then-GEMM above."""
     if name == Q4_OP.name:  # asked for by name (--activations float32)
         if device.type != "cpu" or dtype != torch.float32 or not q4_op_available():
             raise ValueError("the q4_linear kernel needs float32 on the CPU and the C++ extension")
@@ -180,9 +179,8 @@ def int4_kernel(name: str, device: torch.device, dtype: torch.dtype = torch.bflo
         return DEQUANT if name == "dequant" else ByRows(TRITON, DEQUANT, TRITON_MAX_ROWS)
     if name in INT4_KERNELS:
         return INT4_KERNELS[name]
-    if dtype == torch.float32 and int_act.op_available(int_act.INT16ACT.name):
-        if int_act.simd_built():
-            return int_act.INT16ACT  # see AUTO_FLOAT32 above
+    if dtype == torch.float32 and int_act.simd_built():
+        return int_act.INT16ACT  # see AUTO_FLOAT32 above
     if dtype == torch.float32 and q4_op_available():
         return Q4_OP
     return ByRows(INT4PACK, DEQUANT, INT4PACK_MAX_ROWS)
