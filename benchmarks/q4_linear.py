@@ -65,7 +65,7 @@ def gguf_like(out: int, cols: int, dense: bool = True) -> Weights:
     weights = groups.dequantized() if dense else torch.empty(0)
     int8act = Int4Weight(groups, torch.float32, kernel="int8act")
     int16act = Int4Weight(groups, torch.float32, kernel="int16act")
-    return Int4Weight(groups, torch.float32), weights, int8act, int16act
+    return Int4Weight(groups, torch.float32, kernel="q4_linear"), weights, int8act, int16act
 
 
 def kernels(x: torch.Tensor) -> dict[str, Callable[[Weights], object]]:

@@ -28,7 +28,7 @@
 // -march=native); with AVX2 intrinsics where it has AVX2, FMA and F16C (vpmaddwd: s16 x s16
 // pairs summed into int32 lanes, then vpaddd: vpdpwssd's sum in two instructions; int8
 // activations as s16 pairs of even and of odd bytes, vpdpbusd's sum in four; 8 lanes a vector,
-// so a unit is four quarters of 8 rows, each its own pass over the unit's bytes in L1);
+// so a unit's 32 rows are four vectors of int32 sums a row, and a pass takes 2 rows);
 // elsewhere plain code. All three run the same operations in the same order: the same bits.
 
 #pragma once
@@ -59,7 +59,7 @@ constexpr int64_t kUnitRows = 32;               // output rows a unit: two vecto
 constexpr int64_t kChunkBytes = kUnitRows * 4;  // one chunk of a unit: 128 bytes
 // Activation rows sharing one pass over a unit (registers: AVX2 has 16 vector registers, not 32).
 #if defined(LAYERSERVE_INT_AVX2)
-constexpr int kMaxTile = 4;
+constexpr int kMaxTile = 2;
 #else
 constexpr int kMaxTile = 8;
 #endif
@@ -308,59 +308,59 @@ inline __m256i dot(__m256i isum, __m256i w, const __m256i* pairs) {
                           _mm256_madd_epi16(odd, pairs[1]));
 }
 
-// As the VNNI kernel, a quarter of the unit (8 rows, lanes 8q..8q+7) at a time.
+// As the VNNI kernel, with the unit's 32 rows as four vectors of 8 lanes: per chunk, each of the
+// four 32-byte quarters is split and multiplied into its own int32 sums, so the unit's bytes are
+// read once, in order (a pass per quarter, reading 32 bytes of every 128, ran at half the
+// memory's speed). The float32 sums live in memory (a group's scale and offset touch them once).
+constexpr int64_t kPrefetchBytes = 1024;  // 8 chunks ahead: a few % at one row (SmolLM2, Zen 3)
+
 template <typename W, typename T, typename P, int R>
 void unit_rows(const uint8_t* w, const P* scales, int64_t groups, int64_t k, Rows<T> x,
                float* out, int64_t out_stride, int64_t valid) {
   constexpr Split split = W::template split<T>();
-  constexpr int per_int32 = 4 / sizeof(T);
-  for (int quarter = 0; quarter < 4 && 8 * quarter < valid; ++quarter) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g) {
-      __m256i isum[R];
-      for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
-      for (int64_t chunk = 0; chunk < kGroup / W::kColumns; ++chunk) {
-        const uint8_t* bytes = w + (g * (kGroup / W::kColumns) + chunk) * kChunkBytes;
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes) + quarter);
-        for (int s = 0; s < split.count; ++s) {
+  constexpr int per_int32 = 4 / sizeof(T), pair_count = sizeof(T) == 2 ? 1 : 2;
+  alignas(32) float acc[R][kUnitRows] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i isum[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int q = 0; q < 4; ++q) isum[r][q] = _mm256_setzero_si256();
+    for (int64_t chunk = 0; chunk < kGroup / W::kColumns; ++chunk) {
+      const uint8_t* at = w + (g * (kGroup / W::kColumns) + chunk) * kChunkBytes;
+      _mm_prefetch(reinterpret_cast<const char*>(at) + kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(at) + kPrefetchBytes + 64, _MM_HINT_T0);
+      const auto* bytes = reinterpret_cast<const __m256i*>(at);
+      for (int s = 0; s < split.count; ++s) {
+        __m256i pairs[R][pair_count];
+        for (int r = 0; r < R; ++r)
+          broadcast_pairs<T>(x.xq + r * k + g * kGroup + chunk * W::kColumns + s * per_int32,
+                             pairs[r]);
+        for (int q = 0; q < 4; ++q) {
+          const __m256i v = _mm256_loadu_si256(bytes + q);
           __m256i part = split.shifts[s] ? _mm256_srli_epi32(v, split.shifts[s]) : v;
           if (split.mask != 0xFFFFFFFFu)
             part = _mm256_and_si256(part, _mm256_set1_epi32(static_cast<int32_t>(split.mask)));
-          for (int r = 0; r < R; ++r) {
-            __m256i pairs[2];
-            broadcast_pairs<T>(
-                x.xq + r * k + g * kGroup + chunk * W::kColumns + s * per_int32, pairs);
-            isum[r] = dot<T>(isum[r], part, pairs);
-          }
+          for (int r = 0; r < R; ++r) isum[r][q] = dot<T>(isum[r][q], part, pairs[r]);
         }
       }
-      const P* set = scales + g * W::kSets * kUnitRows + 8 * quarter;
-      const __m256 scale = load_floats(set);
+    }
+    const P* set = scales + g * W::kSets * kUnitRows;
+    for (int q = 0; q < 4; ++q) {
+      const __m256 scale = load_floats(set + 8 * q);
       for (int r = 0; r < R; ++r) {
-        __m256i sum = isum[r];
+        __m256i sum = isum[r][q];
         if (W::kBias)
           sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(W::kBias * x.xsum[r * groups + g]));
         const __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(x.d[r * groups + g]));
-        acc[r] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(sum), acc[r]);
+        __m256 a = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(sum), _mm256_load_ps(acc[r] + 8 * q));
         if (W::kSets == 2) {
-          const __m256 offset = load_floats(set + kUnitRows);
-          acc[r] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x.sx[r * groups + g]), acc[r]);
+          const __m256 offset = load_floats(set + kUnitRows + 8 * q);
+          a = _mm256_fmadd_ps(offset, _mm256_set1_ps(x.sx[r * groups + g]), a);
         }
-      }
-    }
-    const int64_t lanes = std::min<int64_t>(8, valid - 8 * quarter);
-    for (int r = 0; r < R; ++r) {
-      float* row = out + r * out_stride + 8 * quarter;
-      if (lanes == 8) {
-        _mm256_storeu_ps(row, acc[r]);
-      } else {
-        alignas(32) float tail[8];
-        _mm256_store_ps(tail, acc[r]);
-        std::memcpy(row, tail, lanes * sizeof(float));
+        _mm256_store_ps(acc[r] + 8 * q, a);
       }
     }
   }
+  for (int r = 0; r < R; ++r) std::memcpy(out + r * out_stride, acc[r], valid * sizeof(float));
 }
 
 #else  // plain code: the same operations per output, one at a time
