@@ -55,8 +55,16 @@ constexpr int64_t QUERY_TILE = 16;
 
 // GCC/Clang vector extensions, so the hot loops vectorise the same on AVX2 and AVX-512 without
 // -ffast-math (which would let the compiler reassociate everything and drop IEEE semantics):
-// the reductions below state their own order, lanes first.
+// the reductions below state their own order, lanes first. A vec is one register: 16 lanes
+// with AVX-512; 8 on AVX2, whose 16 registers hold accumulate_rows' sums for 2 rows (16-lane
+// vecs there were two registers each, and 3 rows' sums spilled: 10x slower decode attention).
+#if defined(__AVX512F__)
 constexpr int64_t LANES = 16;
+constexpr int64_t MAX_ROWS = 4;  // rows accumulate_rows takes at once: R x 4 sums + 4 values
+#else
+constexpr int64_t LANES = 8;
+constexpr int64_t MAX_ROWS = 3;
+#endif
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2
 #endif
@@ -157,15 +165,21 @@ inline void accumulate_rows(const float* probs, int64_t probs_stride, const floa
 // accumulate_row for `rows` rows that see the same keys (a token's query heads of one KV head).
 inline void accumulate(const float* probs, int64_t probs_stride, const float* values,
                        int64_t stride, int64_t count, float* acc, int64_t dim, int64_t rows) {
+  if (dim % ROW_LANES != 0) {
+    for (int64_t r = 0; r < rows; ++r) {
+      accumulate_row(probs + r * probs_stride, values, stride, count, acc + r * dim, dim);
+    }
+    return;
+  }
   for (int64_t r = 0; r < rows;) {
-    const int64_t n = dim % ROW_LANES == 0 ? std::min<int64_t>(4, rows - r) : 1;
+    const int64_t n = std::min<int64_t>(MAX_ROWS, rows - r);
     const float* pr = probs + r * probs_stride;
     float* ar = acc + r * dim;
-    switch (n) {
+    switch (n) {  // a row alone too: 4 chains a key, not one (the same sums)
       case 4: accumulate_rows<4>(pr, probs_stride, values, stride, count, ar, dim); break;
       case 3: accumulate_rows<3>(pr, probs_stride, values, stride, count, ar, dim); break;
       case 2: accumulate_rows<2>(pr, probs_stride, values, stride, count, ar, dim); break;
-      default: accumulate_row(pr, values, stride, count, ar, dim);
+      default: accumulate_rows<1>(pr, probs_stride, values, stride, count, ar, dim);
     }
     r += n;
   }
