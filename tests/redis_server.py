@@ -8,11 +8,11 @@ import socket
 import subprocess
 import time
 
+from tests.ports import free_ports
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 class RedisServer:

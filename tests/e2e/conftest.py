@@ -4,7 +4,6 @@ once the last test under tests/e2e has run, not kept running through tests/relia
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from layerserve.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.stack import Stack, StackConfig
 from services.stack_file import ModelSpec
 from services.worker.model.packaged import packaged_path
+from tests.ports import free_ports
 
 API_KEY = "e2e-test-key"
 MODEL = "smollm2-135m-instruct"
@@ -26,18 +26,6 @@ GEMMA_NUM_BLOCKS, GEMMA_BLOCK, GEMMA_CHUNK = 330, 16, 128
 # SmolLM2's file made greedy by the generation-defaults table: a request that leaves its
 # temperature out gets exactly the greedy answer (test_api_model_defaults.py).
 GREEDY_DEFAULTS = '[[gguf]]\nfile = "SmolLM2-135M-Instruct*.gguf"\ntemperature = 0.0\n'
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    for _ in range(count):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def loopback_config(**fields) -> StackConfig:
