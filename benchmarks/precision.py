@@ -3,7 +3,10 @@
 (layerserve's worker at its own --dtype and --quantization defaults for this machine, resolved
 as the worker resolves them; llama.cpp on the GGUF file as packaged, Q4_1 for SmolLM2), and
 `equal` runs both at the same precision (float32: layerserve computes in it, llama.cpp reads
-the same weights from an F32 file it converts from the packaged one). Each L2 row says which
+the same weights from an F32 file it converts from the packaged one), and `equal-q4` both on the
+packaged 4-bit file with 8-bit activations: llama.cpp's own dot products (Q4_1 weights times
+activations quantized per 32 values, Q8_1), layerserve's `--activations int8` (the same
+quantization of each row per 32 columns, summed exactly in int32). Each L2 row says which
 pairing it belongs to and what each side ran at; ratios compare rows of one pairing only."""
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-PRECISIONS = ("default", "equal")
+PRECISIONS = ("default", "equal", "equal-q4")
+DEFAULT_PRECISIONS = ("default", "equal")  # --precision unset
 AS_SHIPPED = "as shipped"  # llama.cpp on the packaged GGUF, untouched
 # llama.cpp file types the bench may convert the packaged GGUF to (llama_ftype values).
 LLAMA_CPP_TYPES = {"F32": 0, "F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3}
@@ -23,16 +27,19 @@ EQUAL_DTYPE = "float32"
 class Precision:
     """One pairing: what layerserve computes in and what file llama.cpp reads."""
 
-    name: str  # "default" or "equal"
+    name: str  # one of PRECISIONS
     dtype: str  # layerserve's compute dtype, resolved ("float32", "bfloat16", ...)
     quantization: str  # layerserve's --quantization ("none", "int8", ...)
     llama_cpp_type: str  # AS_SHIPPED or a key of LLAMA_CPP_TYPES
     reason: str  # why layerserve's dtype and weights are what they are
+    activations: str = "auto"  # layerserve's --activations (quant_choice.ACTIVATION_CHOICES)
 
     def layerserve(self) -> str:
-        """e.g. "bfloat16 + int8 weights" or "float32"."""
+        """e.g. "bfloat16 + int8 weights", "float32" or "float32 + gguf weights, int8
+        activations"."""
         q = "" if self.quantization == "none" else f" + {self.quantization} weights"
-        return self.dtype + q
+        a = "" if self.activations == "auto" else f", {self.activations} activations"
+        return self.dtype + q + a
 
     def llama_cpp(self, shipped: str) -> str:
         """shipped: the packaged file's type, e.g. "Q4_1"."""
@@ -42,7 +49,8 @@ class Precision:
 
     def worker_args(self) -> list[str]:
         """The worker's flags for L3: the same formats as the L2 engine's."""
-        return ["--dtype", self.dtype, "--quantization", self.quantization]
+        args = ["--dtype", self.dtype, "--quantization", self.quantization]
+        return args + ([] if self.activations == "auto" else ["--activations", self.activations])
 
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
@@ -73,6 +81,9 @@ def precisions(
     made = {
         "default": Precision("default", choice.dtype, weights.method, llama_cpp_type, reason),
         "equal": Precision("equal", EQUAL_DTYPE, "none", "F32", "equal precision"),
+        "equal-q4": Precision(
+            "equal-q4", EQUAL_DTYPE, "gguf", AS_SHIPPED, "llama.cpp's formats", "int8"
+        ),
     }
     return tuple(made[name] for name in names)
 
@@ -81,20 +92,23 @@ def load_layerserve(precision: Precision):
     """The packaged model on the CPU as the worker loads it at `precision`: LoadedModel."""
     from services.worker.model.loader import default_path, load_model
     from services.worker.model.quant import quantize_loaded
+    from services.worker.model.quant_choice import activation_kernel
 
     loaded = load_model(default_path(), dtype=precision.torch_dtype(), device=torch.device("cpu"))
-    return quantize_loaded(loaded, precision.quantization)
+    kernel = activation_kernel(precision.activations)
+    return quantize_loaded(loaded, precision.quantization, kernel)
 
 
 def add_flags(parser) -> None:
     """--precision, --dtype, --quantization and --llama-cpp-type on an argparse parser."""
     parser.add_argument(
         "--precision",
-        default=",".join(PRECISIONS),
+        default=",".join(DEFAULT_PRECISIONS),
         help="default (each side as it ships: layerserve's worker defaults for this machine, "
-        "llama.cpp on the packaged GGUF) and/or equal (both float32: llama.cpp on an F32 file "
-        "it converts from the packaged one); layerserve and llama.cpp run once per pairing, L3's "
-        "worker at the first",
+        "llama.cpp on the packaged GGUF), equal (both float32: llama.cpp on an F32 file it "
+        "converts from the packaged one) and/or equal-q4 (both on the packaged 4-bit file with "
+        "8-bit activations per 32 values: llama.cpp's Q8_1, layerserve's --activations int8); "
+        "layerserve and llama.cpp run once per pairing, L3's worker at the first",
     )
     parser.add_argument("--dtype", help="layerserve's dtype in `default` (the worker's default)")
     parser.add_argument(

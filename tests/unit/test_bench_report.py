@@ -227,6 +227,26 @@ def test_each_side_runs_at_its_default_and_at_equal_precision(monkeypatch) -> No
     assert pinned.layerserve() == "bfloat16 + int8 weights"
     assert pinned.reason == "--dtype; --quantization"
     assert pinned.llama_cpp("Q4_1") == "Q8_0 (converted from the Q4_1 file by llama.cpp)"
+    # equal-q4: llama.cpp's own formats on both sides, the 4-bit file and 8-bit activations
+    (same_file,) = parse_config(["--precision", "equal-q4"]).precisions
+    assert same_file.llama_cpp("Q4_1") == "Q4_1 (as shipped)"
+    assert same_file.layerserve() == "float32 + gguf weights, int8 activations"
+    assert same_file.worker_args() == [
+        "--dtype", "float32", "--quantization", "gguf", "--activations", "int8"
+    ]  # fmt: skip
+
+
+def test_equal_q4_loads_the_4_bit_weights_with_int8_activations() -> None:
+    from benchmarks.precision import load_layerserve
+    from services.worker.layers import int8_activations
+    from services.worker.layers.int4_weight import Int4Weight
+
+    if not int8_activations.op_available("int8act"):
+        pytest.skip("the CPU extension's integer ops are not built")
+    (same_file,) = parse_config(["--precision", "equal-q4"]).precisions
+    loaded = load_layerserve(same_file)
+    kernels = {b.kernel.name for b in loaded.model.buffers() if isinstance(b, Int4Weight)}
+    assert kernels == {"int8act"}
 
 
 @pytest.mark.parametrize(
