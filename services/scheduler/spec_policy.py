@@ -7,7 +7,10 @@ tokens for nothing, while on a CPU, or with 64 sequences, each token costs its s
 Speculator weighs them step by step:
 
 - StepCost learns what a step costs: the seconds of a step of T tokens, the median of its recent
-  steps for each T the scheduler has timed, read between those by straight lines. A step's
+  steps for each T the scheduler has timed, made non-decreasing in T (a bigger step never costs
+  less: where a size's few steps came out cheaper than a smaller size's, the two are pooled,
+  weighted by their steps, so that one lucky timing of a big step does not make its proposals
+  look cheap), read between those by straight lines. A step's
   cost is not one line in T: on a CPU a second row of a 4-bit matmul can be nearly free and a
   third not (the kernel tiles rows), so each T keeps its own. A T above every one timed costs
   what the last two timed say per token, or, with one timed, nothing more (proposals look
@@ -33,8 +36,8 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class StepCost:
-    """Seconds a step of T tokens takes: the median of each T's recent steps, straight lines
-    between the T timed."""
+    """Seconds a step of T tokens takes: the median of each T's recent steps, made
+    non-decreasing in T, straight lines between the T timed."""
 
     # Steps of one size whose median stands for it: a median, not a mean, so that one step
     # stalled by another process (a busy CPU) does not price a size out for the next ones.
@@ -43,7 +46,8 @@ class StepCost:
     STALE_STEPS = 500
 
     _recent: dict[int, deque[float]] = field(default_factory=dict)
-    _medians: dict[int, float] = field(default_factory=dict)
+    _raw: dict[int, float] = field(default_factory=dict)  # each size's median
+    _medians: dict[int, float] = field(default_factory=dict)  # non-decreasing in T: _monotone
     _last: dict[int, int] = field(default_factory=dict)  # the step count when T was last timed
     _steps: int = 0
     _sizes: list[int] = field(default_factory=list)  # the T timed, ascending
@@ -55,16 +59,35 @@ class StepCost:
             recent = self._recent[tokens] = deque(maxlen=self.RECENT)
             bisect.insort(self._sizes, tokens)
         recent.append(seconds)
-        self._medians[tokens] = statistics.median(recent)
+        self._raw[tokens] = statistics.median(recent)
         self._last[tokens] = self._steps
         if self._steps % 64 == 0:
             self._forget_stale()
+        self._monotone()
 
     def _forget_stale(self) -> None:
         stale = [t for t in self._sizes if self._steps - self._last[t] > self.STALE_STEPS]
         for tokens in stale:
-            del self._recent[tokens], self._medians[tokens], self._last[tokens]
-        self._sizes = [t for t in self._sizes if t in self._medians]
+            del self._recent[tokens], self._raw[tokens], self._last[tokens]
+        self._sizes = [t for t in self._sizes if t in self._recent]
+
+    def _monotone(self) -> None:
+        """_medians: each size's median, where a larger size's falls below a smaller one's the
+        run of them pooled to their mean weighted by steps timed (pool adjacent violators)."""
+        blocks: list[list[float]] = []  # [value, weight, sizes pooled]
+        for tokens in self._sizes:
+            blocks.append([self._raw[tokens], float(len(self._recent[tokens])), 1])
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                value, weight, count = blocks.pop()
+                last = blocks[-1]
+                last[0] = (last[0] * last[1] + value * weight) / (last[1] + weight)
+                last[1] += weight
+                last[2] += count
+        self._medians = {}
+        sizes = iter(self._sizes)
+        for value, _, count in blocks:
+            for _ in range(count):
+                self._medians[next(sizes)] = value
 
     def seconds(self, tokens: int) -> float:
         """A step of `tokens` tokens' expected seconds (0 before any step is timed)."""

@@ -39,6 +39,25 @@ def test_step_cost_is_not_one_line():
     assert cost.seconds(3) - cost.seconds(2) == pytest.approx(0.0080)
 
 
+def test_a_bigger_step_never_looks_cheaper_than_a_smaller_one():
+    # Seen at 8 streams on a noisy CPU: 13 tokens timed once at 33 ms, 16 twice at 30 ms. A
+    # policy reading those as they are would find 16 cheaper than 13 and take the proposals.
+    cost = StepCost()
+    for _ in range(9):
+        cost.record(8, 0.017)
+    cost.record(13, 0.033)
+    cost.record(16, 0.029)
+    cost.record(16, 0.031)
+    pooled = (0.033 + 0.030 * 2) / 3  # 16's median with 13's, weighted by their steps
+    assert cost.seconds(13) == pytest.approx(pooled)
+    assert cost.seconds(16) == pytest.approx(pooled)
+    assert cost.seconds(8) == pytest.approx(0.017)  # below them: untouched
+    for _ in range(8):  # 16 timed more: its own median again, above 13's
+        cost.record(16, 0.036)
+    assert cost.seconds(16) == pytest.approx(0.036)
+    assert cost.seconds(13) == pytest.approx(0.033)
+
+
 def test_step_cost_follows_recent_steps_and_forgets_stale_sizes():
     cost = StepCost()
     for _ in range(50):
