@@ -24,6 +24,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
+def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """F.embedding(ids, table), a QuantizedWeight's rows read without the __torch_function__
+    round trip (once a step, as the output head's linear())."""
+    if isinstance(table, QuantizedWeight):
+        return table.embedding(ids)
+    return F.embedding(ids, table)
+
+
 class FusedAttention(nn.Module):
     """qkv_proj [(H + 2 Hkv) D, d] and o_proj [d, H D] of one layer, and its head layout."""
 

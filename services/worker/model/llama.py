@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from services.worker.layers.attention import TORCH, AttentionBackend, StepAttention
-from services.worker.layers.fused import FusedAttention, FusedGatedMLP, linear
+from services.worker.layers.fused import FusedAttention, FusedGatedMLP, embedding, linear
 from services.worker.layers.hf_names import per_layer
 from services.worker.layers.kv_cache import PagedKVCache
 from services.worker.layers.rotary import RopeTables
@@ -144,7 +143,7 @@ class LlamaModel(nn.Module):
 
         positions drive RoPE; attn (its slot mapping and block tables) drives the cache. flat:
         these layers' flat loop (flat_loop()), taken for steps within its max_rows."""
-        x = F.embedding(input_ids, self.embed_tokens)  # [T, d], the residual stream's start
+        x = embedding(input_ids, self.embed_tokens)  # [T, d], the residual stream's start
         rotary = attn.backend.rotary(self.rope.cos, self.rope.sin, positions, x.dtype)
         if flat is not None and x.shape[0] <= flat.max_rows:
             x, residual = flat.run(x, rotary, attn, kv_cache)
@@ -161,7 +160,7 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, d] -> logits [N, V] float32 (tied embeddings unless lm_head exists)."""
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, head).float()
+        return linear(hidden, head).float()
 
     def load_hf_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face-named weights (without the "model." prefix) into this module.
