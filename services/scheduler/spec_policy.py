@@ -10,9 +10,9 @@ Speculator weighs them step by step:
   steps for each T the scheduler has timed, made non-decreasing in T (a bigger step never costs
   less: where a size's few steps came out cheaper than a smaller size's, the two are pooled,
   weighted by their steps, so that one lucky timing of a big step does not make its proposals
-  look cheap), read between those by straight lines. A step's
-  cost is not one line in T: on a CPU a second row of a 4-bit matmul can be nearly free and a
-  third not (the kernel tiles rows), so each T keeps its own. A T above every one timed costs
+  look cheap), read between those by straight lines. A step's cost is not one line in T: on
+  a CPU a second row of a 4-bit matmul can be nearly free and a third not (the kernel tiles
+  rows), so each T keeps its own. A T above every one timed costs
   what the last two timed say per token, or, with one timed, nothing more (proposals look
   free: their steps are then timed). A size not timed for STALE_STEPS steps is dropped, so
   that a cost measured while the machine was busier does not keep proposals off for ever.
@@ -74,20 +74,15 @@ class StepCost:
     def _monotone(self) -> None:
         """_medians: each size's median, where a larger size's falls below a smaller one's the
         run of them pooled to their mean weighted by steps timed (pool adjacent violators)."""
-        blocks: list[list[float]] = []  # [value, weight, sizes pooled]
+        blocks: list[tuple[float, int, list[int]]] = []  # (value, steps, sizes pooled)
         for tokens in self._sizes:
-            blocks.append([self._raw[tokens], float(len(self._recent[tokens])), 1])
-            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-                value, weight, count = blocks.pop()
-                last = blocks[-1]
-                last[0] = (last[0] * last[1] + value * weight) / (last[1] + weight)
-                last[1] += weight
-                last[2] += count
-        self._medians = {}
-        sizes = iter(self._sizes)
-        for value, _, count in blocks:
-            for _ in range(count):
-                self._medians[next(sizes)] = value
+            value, steps, sizes = self._raw[tokens], len(self._recent[tokens]), [tokens]
+            while blocks and blocks[-1][0] > value:
+                below, below_steps, below_sizes = blocks.pop()
+                value = (below * below_steps + value * steps) / (below_steps + steps)
+                steps, sizes = below_steps + steps, below_sizes + sizes
+            blocks.append((value, steps, sizes))
+        self._medians = {t: value for value, _, sizes in blocks for t in sizes}
 
     def seconds(self, tokens: int) -> float:
         """A step of `tokens` tokens' expected seconds (0 before any step is timed)."""
