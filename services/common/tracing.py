@@ -42,6 +42,7 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _NULL: AbstractContextManager[None] = contextlib.nullcontext()
 _provider = None
 _tracer: trace.Tracer | None = None  # None: tracing is off
+CONSOLE_EXPORT_TIMEOUT_S = 1.0  # an export to the console's receiver gives up after this
 
 # A span's parent: a W3C carrier (from a message or headers; empty = start a new trace) or a span.
 Parent = Mapping[str, str] | Span
@@ -74,7 +75,10 @@ def setup_tracing(service: str) -> bool:
     insecure = True if "://" not in endpoint else None
     # Only the stack's own receiver gets the internal token, never an operator's collector.
     headers = dict(InternalAuth.from_env().metadata) if console else None
-    exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure, headers=headers)
+    # The console's receiver is the gateway, which a stop ends first: the other services'
+    # last spans would be retried for the exporter's 10 s, each service's exit waiting on it.
+    timeout = {"timeout": CONSOLE_EXPORT_TIMEOUT_S} if console else {}
+    exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure, headers=headers, **timeout)
     delay = {"schedule_delay_millis": 500} if console else {}
     provider.add_span_processor(BatchSpanProcessor(exporter, **delay))
     trace.set_tracer_provider(provider)  # for any library that traces through the global API

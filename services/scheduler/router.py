@@ -184,6 +184,11 @@ class Router:
             raise Unavailable(
                 f"no worker serves model `{model}` right now (the last one left); retry shortly"
             )
+        if not replicas and any(e.info is None for e in self._all):
+            # A worker not yet connected (still loading, as at start-up) may serve it.
+            raise Unavailable(
+                f"no worker serves model `{model}` yet: a worker is still starting; retry shortly"
+            )
         if not replicas:
             raise NotFound(f"The model `{model}` does not exist.", param="model")
         ready = [engine for engine in replicas if engine.ready]

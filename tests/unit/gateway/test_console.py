@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -194,3 +195,13 @@ def test_only_the_consoles_own_receiver_is_sent_the_internal_token(monkeypatch, 
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")  # LAYERSERVE_TRACE_RECEIVER alone
     export_one_span()
     assert ring.num_spans == 1
+
+
+def test_a_service_stops_without_waiting_on_a_console_that_is_gone(receiver_port: int):
+    """A stop ends the gateway (the console's receiver) first: the others' last spans have
+    nowhere to go, and each service's exit waited the exporter's 10 s of retries for them."""
+    assert setup_tracing("scheduler")  # nothing listens on receiver_port
+    tracing.finish(tracing.start_span("engine step", {}))
+    started = time.monotonic()
+    tracing.shutdown_tracing()
+    assert time.monotonic() - started < 5 * tracing.CONSOLE_EXPORT_TIMEOUT_S

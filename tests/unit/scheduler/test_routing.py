@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import Unavailable
+from services.common.errors import NotFound, Unavailable
+from services.common.max_tokens import MaxTokens
+from services.scheduler.engine import Engine
 from services.scheduler.routing import RoutingMode
+from services.scheduler.scheduler import SchedulerLimits
+from services.scheduler.submission import Submission
 from tests.unit.scheduler.drive import make_request
 from tests.unit.scheduler.replicas import drain, routed_cluster, serve, submit
 
@@ -73,6 +77,21 @@ def test_a_replica_that_is_not_ready_is_never_picked():
     a.scheduler = None
     with pytest.raises(Unavailable):
         submit(router, "none", SYSTEM)
+
+
+def test_a_model_is_unknown_only_once_every_worker_has_said_what_it_serves():
+    """At start-up the scheduler knows its workers' addresses before they have loaded: a
+    request then gets 503 Unavailable (retry), not 404, for a model one of them may serve."""
+    router, _ = routed_cluster(["a:1"])
+    loading = Engine("b:1", SchedulerLimits(), emit=lambda outputs: None)  # no WorkerInfo yet
+    router.add_engine(loading)
+    other = Submission("early", "other-model", [1, 2, 3], max_tokens=MaxTokens(2))
+    with pytest.raises(Unavailable, match="still starting"):
+        router.submit(other)
+    assert submit(router, "served", [1, 2, 3]) is router.engines[0]  # a's model runs meanwhile
+    router.remove_engine("b:1")
+    with pytest.raises(NotFound, match="does not exist"):
+        router.submit(other)
 
 
 def test_round_robin_and_load_modes_ignore_the_cache():
