@@ -7,7 +7,8 @@ float32's bytes.
 
 Two tables, all backends interleaved (so all see the same machine); "widened" is the extension
 with bf16 keys and values widened to float32 first (CpuAttention(avx512_bf16=False)), run for
-bf16 only and only where the build has the AVX512-BF16 passes (else it is "in place" itself):
+bf16 only and only where the build has the AVX512-BF16 passes (else it is "in place" itself),
+and for int8 where the build scores a decode's queries as int16 (VNNI): its float32 queries:
 - per layer: one layer's paged attention (with its metadata) on SmolLM2's shapes (9 q heads,
   3 KV heads, head dim 64), blocks shuffled across the pool as a long-running server leaves
   them; decode 64 x 1k and 8 x 2k, prefill batches, a mixed step. The per-step column is x30
@@ -31,7 +32,7 @@ import torch
 from benchmarks.machine import ceilings, load_average
 from services.worker.layers import cpu_attention_ext
 from services.worker.layers.attention import StepAttention
-from services.worker.layers.cpu_attention import CpuAttention, has_avx512_bf16
+from services.worker.layers.cpu_attention import CpuAttention, has_avx512_bf16, has_int16_queries
 from services.worker.layers.kv_cache import PagedKVCache, bytes_per_block
 from services.worker.layers.torch_attention import TorchAttention
 from services.worker.model.config import LlamaConfig
@@ -151,9 +152,12 @@ def layer_row(name: str, seqs: list[tuple[int, int]], dtypes: str, repeats: int)
 
 
 def _backends(dtype: torch.dtype, wrap: Callable) -> dict:
-    """torch, widened (bf16 with the AVX512-BF16 passes built in) and in place, each wrapped."""
+    """torch, widened (bf16 with the AVX512-BF16 passes built in; int8 with int16 decode
+    queries built in: its float32 scores) and in place, each wrapped."""
     backends = {"torch": wrap(TorchAttention())}
-    if dtype == torch.bfloat16 and has_avx512_bf16():
+    if (dtype == torch.bfloat16 and has_avx512_bf16()) or (
+        dtype == torch.int8 and has_int16_queries()
+    ):
         backends["widened"] = wrap(CpuAttention(avx512_bf16=False))
     backends["in place"] = wrap(CpuAttention())
     return backends

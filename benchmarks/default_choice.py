@@ -18,7 +18,8 @@ With --llama-cpp (the llama-cpp extra installed): llama.cpp's first-token candid
 answer to the README's question on the same file, for reference. --model measures another GGUF
 (Gemma 3 270M: docs/benchmarks.md, "Issue 29: K-quants and Q5_0 kept"); a setting
 float32:gguf/Q4_K keeps only the weights the file stores as that type, and a third field sets
-the KV cache's dtype as the worker's --kv-cache-dtype does (float32:gguf:int8); gguf@KERNEL
+the KV cache's dtype as the worker's --kv-cache-dtype does (float32:gguf:int8; int8-widened:
+the attention extension's float32 scores, without its int16 decode queries); gguf@KERNEL
 computes the kept 4-bit weights with that Int4Weight kernel (float32:gguf@int16act: int16
 activations, float32:gguf@int8act: int8, int8_activations.py; the Q8_0 head follows)."""
 
@@ -39,6 +40,7 @@ from services.scheduler.scheduler import SchedulerLimits
 from services.tokenizer.gguf_tokenizer import load_gguf_text_model
 from services.worker.engine.model_runner import KV_CACHE_DTYPES, ModelRunner
 from services.worker.layers.attention_backends import choose_attention_backend
+from services.worker.layers.cpu_attention import CpuAttention
 from services.worker.layers.gguf_quant import TYPE_NAMES
 from services.worker.layers.kv_cache import PagedKVCache, kv_cache_groups
 from services.worker.model.gguf_weights import keep_gguf_quantized
@@ -76,9 +78,12 @@ def build(setting: str, path: Path) -> OfflineEngine:
     if kv == "auto":
         return make_engine(loaded, 512, SchedulerLimits())
     cpu = torch.device("cpu")
+    kv, _, variant = kv.partition("-")
     groups = kv_cache_groups(loaded.config)
     cache = PagedKVCache(loaded.config, 512, BLOCK_SIZE, KV_CACHE_DTYPES[kv], cpu, groups)
     backend = choose_attention_backend("auto", cpu, loaded.config.head_dim)
+    if variant == "widened":  # the extension without its integer/bf16 passes (float32 scores)
+        backend = CpuAttention(avx512_bf16=False)
     limit = loaded.config.max_position_embeddings
     runner = ModelRunner(loaded, cache, max_model_len=limit, model_name=MODEL, backend=backend)
     return OfflineEngine(runner, SchedulerLimits())

@@ -165,7 +165,8 @@ def native_paged_attention(
     bf16 caches are read as they are, scores by AVX512-BF16 dot products, where the build has
     them (has_avx512_bf16) unless avx512_bf16 is False (K/V rows widened to float32 copies
     first, as in issue 18): the same exact products, the score sums in another order. int8
-    caches come with their scales [num_blocks, block_size, Hkv] and take q as it is."""
+    caches come with their scales [num_blocks, block_size, Hkv]; a decode's q rows are scored
+    as int16 where the build has VNNI (has_int16_queries) unless avx512_bf16 is False."""
     dtype = q.dtype  # a no-op .to() still costs a dispatch per layer: skipped when equal
     same = dtype == k_cache.dtype or k_scale is not None
     out = torch.ops.layerserve.paged_attention(
@@ -178,3 +179,10 @@ def native_paged_attention(
 def has_avx512_bf16() -> bool:
     """Whether the loaded extension has the AVX512-BF16 passes (built on a CPU with them)."""
     return bool(torch.ops.layerserve.has_avx512_bf16())
+
+
+def has_int16_queries() -> bool:
+    """Whether the loaded extension scores a decode's queries over an int8 cache as int16
+    (AVX512-VNNI; each query head's row rounded with step max|q| / 32767, exact integer sums),
+    unless avx512_bf16 is False (float32 scores of the widened keys)."""
+    return bool(torch.ops.layerserve.has_int16_queries())

@@ -1,8 +1,9 @@
 """The int8 KV cache (--kv-cache-dtype int8): the extension's write ops quantize each token's
 heads as kv_cache.quantize_int8 does (the same bits), every value within scale / 2 of what was
 written; its paged attention reads the int8 rows with their scales as the torch path reads them
-dequantized, and stays within what the quantization allows of attention over the float values,
-for decodes, prefill chunks, GQA and sliding windows over several blocks."""
+dequantized (a decode's queries rounded to int16 where the extension scores them so), and stays
+within what the quantization allows of attention over the float values, for decodes, prefill
+chunks, GQA and sliding windows over several blocks."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 import pytest
 import torch
 
-from services.worker.layers.cpu_attention import CpuAttention
+from services.worker.layers.cpu_attention import CpuAttention, has_int16_queries
 from services.worker.layers.kv_cache import (
     PagedKVCache,
     bytes_per_block,
@@ -20,6 +21,7 @@ from services.worker.layers.kv_cache import (
 from services.worker.layers.torch_attention import TorchAttention
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
+QUERY_TILE = 16  # cpu_attention.cpp's tokens per work item: a tile of one token is a decode's
 CPU = torch.device("cpu")
 
 
@@ -126,9 +128,27 @@ def _step(window: int | None, seed: int = 0, dim: int = DIM, block: int = BLOCK)
     native = CpuAttention().metadata(query_lens, contexts, tables, block, CPU)
     torch_meta = TorchAttention().metadata(query_lens, contexts, tables, block, CPU)
     out = CpuAttention().paged_attention(q, int8.layer(0), native, window)
-    dequantized = TorchAttention().paged_attention(q, int8.layer(0), torch_meta, window)
+    q_read = _as_read(q, query_lens, dim)
+    dequantized = TorchAttention().paged_attention(q_read, int8.layer(0), torch_meta, window)
     exact = TorchAttention().paged_attention(q, wide.layer(0), torch_meta, window)
     return q, int8, out, dequantized, exact, tables
+
+
+def _as_read(q: torch.Tensor, query_lens: list[int], dim: int) -> torch.Tensor:
+    """q as the extension scores it: with VNNI, a one-token tile's rows (a decode's) rounded to
+    int16 per query head, q x 2^-3 (the softmax scale, a power of two for D = 64) to
+    round(q x 32767 / max|q|) steps of max|q| / 32767; other rows, and D = 32 (widened a
+    block at a time), as they are."""
+    if not has_int16_queries() or dim % 64:
+        return q
+    ends = torch.tensor(query_lens).cumsum(0) - 1
+    decodes = ends[torch.tensor(query_lens) % QUERY_TILE == 1]  # the one-token tiles
+    scaled = q[decodes] / math.sqrt(dim)
+    largest = scaled.abs().amax(-1, keepdim=True)
+    steps = torch.round(scaled * (32767.0 / largest)).clamp(-32768, 32767)
+    read = q.clone()
+    read[decodes] = steps * (largest / 32767.0) * math.sqrt(dim)
+    return read
 
 
 @pytest.mark.parametrize("window", [None, 20])

@@ -1,6 +1,7 @@
 """The engine over an int8 KV cache (--kv-cache-dtype int8): SmolLM2's greedy tokens equal those
 over a float32 cache on these prompts, prefilled in chunks beside running decodes (on others a
-near-tie can flip: 18 of benchmarks/default_choice.py's 24 prompts match for 32 tokens); a
+near-tie can flip: 18 of benchmarks/default_choice.py's 24 prompts match for 32 tokens; "The
+quick brown fox" parts ways at its 9th token once a decode's queries are scored as int16); a
 cache the backend cannot read, or an unknown --kv-cache-dtype, stops the start with a message
 that says so."""
 
@@ -20,7 +21,7 @@ from tests.unit.worker.plan_driver import Driver
 NEW_TOKENS = 16
 TEXTS = [
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-    "The quick brown fox",
+    "The history of the Roman Empire",
     "Water boils at one hundred degrees Celsius at sea level, but at the top of a high mountain",
 ]
 

@@ -46,6 +46,68 @@ inline __m512 dot16(const float* q, const int8_t* const keys[KEYS], int64_t dim)
   return avx512_bf16::transpose_sum(acc);
 }
 
+#if defined(__AVX512VNNI__)
+constexpr int64_t Q16_DIMS = 32;  // int16 query values per register: dim must be a multiple
+
+// A decode row's query as int16 for score16: q16[d] = round(q[d] / step), step = max|q| / 32767
+// (a zero row: step 0, q16 zeros). Returns step. The rounding moves a score by at most
+// step / 2 x sum |k| (k the key's float values): ~1.5e-5 of max|q| per dim, far under the
+// int8 keys' own rounding (1/254 of their largest value).
+inline float quantize_query16(const float* q, int64_t dim, int16_t* q16) {
+  __m512 largest = _mm512_setzero_ps();
+  for (int64_t d = 0; d < dim; d += 16) largest = _mm512_max_ps(largest, _mm512_abs_ps(_mm512_loadu_ps(q + d)));
+  const float max = _mm512_reduce_max_ps(largest);
+  const float step = max / 32767.0f;
+  const __m512 inverse = _mm512_set1_ps(max > 0.0f ? 32767.0f / max : 0.0f);
+  for (int64_t d = 0; d < dim; d += 16) {  // nearest even (MXCSR's default), saturated
+    const __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(q + d), inverse));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q16 + d), _mm512_cvtsepi32_epi16(x));
+  }
+  return step;
+}
+
+// transpose_sum on int32 lanes: the same shuffles (on the bits), integer adds, exact.
+inline __m512i transpose_sum(const __m512i v[KEYS]) {
+  const auto add = [](__m512 a, __m512 b) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  };
+  const auto halves = [&](__m512i a, __m512i b) {
+    const __m512 x = _mm512_castsi512_ps(a), y = _mm512_castsi512_ps(b);
+    return add(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+  };
+  __m512 quarters[4];
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    const __m512 wx = halves(v[4 * q], v[4 * q + 1]), yz = halves(v[4 * q + 2], v[4 * q + 3]);
+    quarters[q] = add(_mm512_shuffle_f32x4(wx, yz, 0x88), _mm512_shuffle_f32x4(wx, yz, 0xDD));
+  }
+  const auto pairs = [&](__m512 a, __m512 b) {
+    return add(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+  };
+  const __m512 a = pairs(quarters[0], quarters[1]), b = pairs(quarters[2], quarters[3]);
+  return _mm512_castps_si512(add(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD)));
+}
+
+// Lane j = sum_d q16[d] * keys[j][d], exact in int32 (dim % 32 == 0; |sum| <= 32767 x 128 x
+// dim < 2^31 for dim <= 512): each key widened to int16 in registers, VPDPWSSD adds 32
+// products a lane pair at a time.
+inline __m512i score16(const int16_t* q16, const int8_t* const keys[KEYS], int64_t dim) {
+  __m512i acc[KEYS];
+#pragma GCC unroll 16
+  for (int s = 0; s < KEYS; ++s) acc[s] = _mm512_setzero_si512();
+  for (int64_t d = 0; d < dim; d += Q16_DIMS) {
+    const __m512i qv = _mm512_loadu_si512(q16 + d);
+#pragma GCC unroll 16
+    for (int j = 0; j < KEYS; ++j) {
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys[j] + d));
+      const int k = avx512_bf16::slot(j);
+      acc[k] = _mm512_dpwssd_epi32(acc[k], qv, _mm512_cvtepi8_epi16(bytes));
+    }
+  }
+  return transpose_sum(acc);
+}
+#endif
+
 // rows[j * dim + d] = keys[j][d] * scales[j] for the 16 keys (dim % 16 == 0).
 inline void widen_keys(const int8_t* const keys[KEYS], const float* scales, int64_t dim,
                        float* rows) {
