@@ -12,9 +12,12 @@ Workloads (PERFORMANCE.md (f) and a control), 16 chat requests each:
 Each at concurrency 1 (8 of the requests, one after another) and 8 (each of the 16 twice, 32
 requests through 8 slots, continuous batching), greedy and sampled rows (temperature 0.7,
 top_p 0.95, a seed per request); requests end at EOS or --max-tokens. Modes run interleaved,
-each repeated; the median counts. Also reported: acceptance rate (accepted / proposed tokens)
-and mean accepted length (tokens a request got per step that carried proposals), and whether
-greedy tokens equal those without speculation.
+each repeated; the median counts. At concurrency 1 a second table gives the decode alone:
+speculation cannot shorten a prompt's prefill, so each run's time less the same prompts run to
+their first token (speculation off, once per repeat) over the tokens after the first. Also
+reported: acceptance rate (accepted / proposed tokens) and mean accepted length (tokens a
+request got per step that carried proposals), and whether greedy tokens equal those without
+speculation.
 
 Greedy is the correctness gate, and it is run in float32 (--gate): in bfloat16 the rows of a
 step round differently with 1 + k queries than with 1, so a near-tie may flip and a greedy
@@ -222,6 +225,7 @@ def speed(loaded, workloads: dict[str, list[list[int]]], args) -> None:
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     rows = {"greedy": SamplingOptions(), "sampled": SamplingOptions(temperature=0.7, top_p=0.95)}
+    decode_rows: list[str] = []
     for name, prompts in workloads.items():
         for batch in (int(b) for b in args.batches.split(",")):
             # 8 requests one by one; at 8, each prompt twice (32 requests through 8 slots, so
@@ -230,14 +234,33 @@ def speed(loaded, workloads: dict[str, list[list[int]]], args) -> None:
             chosen = prompts[::2] if batch == 1 else prompts * 2
             for row, options in rows.items():
                 runs: dict[str, list[Run]] = {mode: [] for mode in MODES}
+                prompt_seconds = []  # at concurrency 1: the prompts' prefill and first token
+                first = argparse.Namespace(**{**vars(args), "max_tokens": 1})
                 for _ in range(args.repeats):  # interleaved: every mode sees the same machine
                     for mode in MODES:
                         run = run_once(engines[mode], chosen, options, batch, args)
                         runs[mode].append(run)
+                    if batch == 1:
+                        prompt_seconds.append(
+                            run_once(engines["off"], chosen, options, batch, first).seconds
+                        )
                 tps = {
                     m: statistics.median(r.num_tokens / r.seconds for r in rs)
                     for m, rs in runs.items()
                 }
+                if prompt_seconds:
+                    prefill = statistics.median(prompt_seconds)
+                    decode = {
+                        m: statistics.median(
+                            (r.num_tokens - len(chosen)) / (r.seconds - prefill) for r in rs
+                        )
+                        for m, rs in runs.items()
+                    }
+                    decode_rows.append(
+                        f"| {name} | {row} | {prefill / len(chosen) * 1e3:.0f} | "
+                        f"{decode['off']:.1f} | {decode['fixed'] / decode['off']:.2f}x | "
+                        f"{decode['adaptive'] / decode['off']:.2f}x |"
+                    )
                 last = {m: rs[-1] for m, rs in runs.items()}
                 equal = _equal(last, last["off"]) if row == "greedy" else "n/a"
                 print(
@@ -247,6 +270,15 @@ def speed(loaded, workloads: dict[str, list[list[int]]], args) -> None:
                     f"{_spec(last['fixed'])} | {_spec(last['adaptive'])} | {equal} |",
                     flush=True,
                 )
+    if decode_rows:
+        print(
+            "\nConcurrency 1, the decode alone: each run's time less its prompts' (the same "
+            "prompts run to their first token, speculation off, median), tokens after the first"
+        )
+        print("\n| workload | rows | prompt + first token, ms a request | off decode tok/s | "
+              "fixed | adaptive |")  # fmt: skip
+        print("| --- | --- | ---: | ---: | ---: | ---: |")
+        print("\n".join(decode_rows), flush=True)
 
 
 def gate(loaded, workloads: dict[str, list[list[int]]], args) -> None:

@@ -7,16 +7,19 @@ The bundled SmolLM2-135M GGUF, as the worker would hold it (--dtype, --quantizat
 embedding/head quantized with the rest when --head-int8), on the worker's ModelRunner with its
 default CPU attention backend: one --prompt-token prompt per sequence prefilled (untimed), then
 --steps decode steps timed by this thread's CPU time (one torch thread: every op runs on it, and
-the time other processes held the core is not counted). Then the same number of steps under
-torch.profiler: the self CPU time of the matmul ops (the linears, int8/int4 kernels, the output
-head) and of attention (the paged attention op, or SDPA on the torch path) is taken from it, and
-host work is the unprofiled step time minus those two (the profiler's own per-op overhead is
-thus not charged to host work). Prints the split and the top host ops by self time."""
+the time other processes held the core is not counted), in 8 rounds; after each round one
+step's matmul ops (the linears, int8/int4 kernels, the output head) and its attention op (the
+paged attention op, or SDPA on the torch path), captured once, are replayed alone and timed.
+Host work is a round's step time minus its replays; each part is the median over the rounds,
+and the host share's range over them is printed (a VM's speed drifts: timing the steps first
+and the replays a minute later moved the share between 5% and 30%). Then 16 steps under
+torch.profiler give the top host ops by self time."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import statistics
 import time
 
@@ -112,18 +115,20 @@ class Split:
     attention_ms: float
     top_host: list[tuple[str, float, int]]  # (op, profiled self ms per step, calls per step)
     ops: int = 0  # ops one step dispatches
+    host_shares: list[float] = dataclasses.field(default_factory=list)  # per round, sorted
 
     @property
     def host_ms(self) -> float:
         return max(self.step_ms - self.matmul_ms - self.attention_ms, 0.0)
 
 
-def measure(runner: ModelRunner, ids: list[str], steps: int) -> Split:
-    """Step CPU time; matmul and attention ops replayed alone; the host ops by profiled time."""
+def measure(runner: ModelRunner, ids: list[str], steps: int, rounds: int = 8) -> Split:
+    """Step CPU time; matmul and attention ops replayed alone; the host ops by profiled time.
+    Steps and replays alternate in `rounds` rounds (steps / rounds steps, then one replay of
+    each), so that a machine whose speed drifts (a shared VM's does, by 20-30% over a minute)
+    moves both alike; each part is the median of its rounds, and the host share's spread over
+    the rounds is kept (Split.host_shares)."""
     decode(runner, ids, 4)  # warm-up
-    started = time.thread_time()
-    decode(runner, ids, steps)
-    step_ms = (time.thread_time() - started) * 1e3 / steps
     capture = _Capture()
     # The C++ layer loop (csrc/llama_layers.cpp) dispatches its ops from C++, out of a Python
     # mode's sight: the captured step runs the Python loop, which issues the same ops.
@@ -137,9 +142,17 @@ def measure(runner: ModelRunner, ids: list[str], steps: int) -> Split:
     finally:
         if flat is not None:
             flat.native = native
-    reps = max(steps // 4, 3)
-    matmul = replay_ms(capture.calls["matmul"], reps)
-    attention = replay_ms(capture.calls["attention"], reps)
+    per_round = max(steps // rounds, 1)
+    step_ms, matmul, attention = [], [], []
+    for _ in range(rounds):
+        started = time.thread_time()
+        decode(runner, ids, per_round)
+        step_ms.append((time.thread_time() - started) * 1e3 / per_round)
+        matmul.append(replay_ms(capture.calls["matmul"], 1))
+        attention.append(replay_ms(capture.calls["attention"], 1))
+    shares = [
+        max(s - m - a, 0.0) / s for s, m, a in zip(step_ms, matmul, attention, strict=True)
+    ]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         decode(runner, ids, min(steps, 16))
     counted = min(steps, 16)
@@ -149,7 +162,9 @@ def measure(runner: ModelRunner, ids: list[str], steps: int) -> Split:
         if _kind(e.key) is None
     ]
     host.sort(key=lambda h: -h[1])
-    return Split(step_ms, matmul, attention, host[:12], capture.ops)
+    median = statistics.median
+    return Split(median(step_ms), median(matmul), median(attention), host[:12], capture.ops,
+                 sorted(shares))  # fmt: skip
 
 
 def main() -> None:
@@ -166,6 +181,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"machine: {machine()}; load average {load_average()}")
     runner, ids = build_runner(args)
+    gc.freeze()  # as the worker does after its load and warm-up (services/worker/__main__.py)
     with torch.inference_mode():
         split = measure(runner, ids, args.steps)
     step = split.step_ms
@@ -175,6 +191,9 @@ def main() -> None:
     for name, ms in (("matmuls + head", split.matmul_ms), ("attention", split.attention_ms),
                      ("host work (the rest)", split.host_ms)):  # fmt: skip
         print(f"  {name:<22} {ms:7.2f} ms  {ms / step:6.1%}")
+    shares = split.host_shares
+    print(f"  host share per round: median {statistics.median(shares):.1%}, "
+          f"{shares[0]:.1%} - {shares[-1]:.1%} over {len(shares)} rounds")  # fmt: skip
     print("top ops outside matmuls and attention (profiled self time per step, calls per step):")
     for key, ms, calls in split.top_host:
         print(f"  {key:<48} {ms:7.3f} ms  x{calls}")
