@@ -150,9 +150,7 @@ def measure(runner: ModelRunner, ids: list[str], steps: int, rounds: int = 8) ->
         step_ms.append((time.thread_time() - started) * 1e3 / per_round)
         matmul.append(replay_ms(capture.calls["matmul"], 1))
         attention.append(replay_ms(capture.calls["attention"], 1))
-    shares = [
-        max(s - m - a, 0.0) / s for s, m, a in zip(step_ms, matmul, attention, strict=True)
-    ]
+    shares = [max(s - m - a, 0.0) / s for s, m, a in zip(step_ms, matmul, attention, strict=True)]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         decode(runner, ids, min(steps, 16))
     counted = min(steps, 16)
