@@ -130,6 +130,7 @@ def _step(window: int | None, seed: int = 0, dim: int = DIM, block: int = BLOCK)
     out = CpuAttention().paged_attention(q, int8.layer(0), native, window)
     q_read = _as_read(q, query_lens, dim)
     dequantized = TorchAttention().paged_attention(q_read, int8.layer(0), torch_meta, window)
+    _weigh_decodes_as_read(dequantized, q_read, int8, tables, window)
     exact = TorchAttention().paged_attention(q, wide.layer(0), torch_meta, window)
     return q, int8, out, dequantized, exact, tables
 
@@ -141,14 +142,52 @@ def _as_read(q: torch.Tensor, query_lens: list[int], dim: int) -> torch.Tensor:
     block at a time), as they are."""
     if not has_int16_queries() or dim % 64:
         return q
-    ends = torch.tensor(query_lens).cumsum(0) - 1
-    decodes = ends[torch.tensor(query_lens) % QUERY_TILE == 1]  # the one-token tiles
+    decodes = [token for token, _ in _decodes(query_lens)]
     scaled = q[decodes] / math.sqrt(dim)
     largest = scaled.abs().amax(-1, keepdim=True)
     steps = torch.round(scaled * (32767.0 / largest)).clamp(-32768, 32767)
     read = q.clone()
     read[decodes] = steps * (largest / 32767.0) * math.sqrt(dim)
     return read
+
+
+def _decodes(query_lens: list[int]) -> list[tuple[int, int]]:
+    """(token, sequence) of each one-token tile: the rows the int16 passes take."""
+    ends = torch.tensor(query_lens).cumsum(0) - 1
+    return [(int(ends[i]), i) for i, n in enumerate(query_lens) if n % QUERY_TILE == 1]
+
+
+def _weigh_decodes_as_read(
+    out: torch.Tensor, q: torch.Tensor, cache: PagedKVCache, tables, window: int | None
+) -> None:
+    """out's decode rows as the extension's int16 pass 2 computes them (with VNNI, D = 64): per
+    query head the softmax numerators p over the keys it sees, and per chunk of 16 keys from
+    its first, the weights p x v_scale rounded to int16 steps of the chunk's largest / 32767,
+    times the int8 values (summed exactly here in float64), over the sum of p."""
+    dim = q.shape[-1]
+    if not has_int16_queries() or dim % 64:
+        return
+    k, v, k_scale, v_scale = (t.flatten(0, 1) for t in cache.layer(0))  # per slot
+    block = cache.block_size
+    for token, seq in _decodes([n for n, _ in STEP]):
+        context = STEP[seq][1]
+        first = max(0, context - window) if window else 0
+        slots = [tables[seq][j // block] * block + j % block for j in range(first, context)]
+        keys = dequantize_int8(k[slots], k_scale[slots], torch.float32)
+        for head in range(HEADS):
+            kv = head // (HEADS // KV_HEADS)
+            scores = keys[:, kv] @ q[token, head] / math.sqrt(dim)
+            p = torch.exp(scores - scores.max())
+            weights = p * v_scale[slots, kv]
+            total = torch.zeros(dim, dtype=torch.float64)
+            for c in range(0, len(slots), 16):
+                largest = weights[c : c + 16].max()
+                if largest == 0:
+                    continue
+                steps = torch.round(weights[c : c + 16] * (32767.0 / largest))
+                values = v[slots[c : c + 16], kv].double()
+                total += (steps.double()[:, None] * values).sum(0) * float(largest / 32767.0)
+            out[token, head] = (total / p.sum().double()).float()
 
 
 @pytest.mark.parametrize("window", [None, 20])

@@ -1,7 +1,8 @@
 """The engine over an int8 KV cache (--kv-cache-dtype int8): SmolLM2's greedy tokens equal those
 over a float32 cache on these prompts, prefilled in chunks beside running decodes (on others a
 near-tie can flip: 18 of benchmarks/default_choice.py's 24 prompts match for 32 tokens; "The
-quick brown fox" parts ways at its 9th token once a decode's queries are scored as int16); a
+quick brown fox" parts ways at its 9th token here once a decode is computed in int16 steps,
+and not beside other prompts); a
 cache the backend cannot read, or an unknown --kv-cache-dtype, stops the start with a message
 that says so."""
 

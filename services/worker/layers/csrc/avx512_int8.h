@@ -6,7 +6,10 @@
 //   as they read it; a prefill tile's many rows (16 tokens x G) read the chunk's keys widened
 //   once by widen_keys (times their scales) into 16 float32 rows that stay in L1;
 // - weigh_rows: p . V for a few query rows, each V row widened in registers once for all of
-//   them and its scale folded into each row's probability.
+//   them and its scale folded into each row's probability;
+// - with AVX512-VNNI, a decode's rows in integers: score16 (the query rounded to int16, exact
+//   int32 sums of its products with the int8 keys) and weigh16 (each chunk's weights rounded
+//   to int16, exact int32 sums with the int8 values), each sum then times its float32 steps.
 //
 // Included by cpu_attention.cpp where avx512_bf16.h is (the reduction is that header's): the
 // extension is built with -march=native on the machine that runs it; elsewhere int8 rows are
@@ -105,6 +108,74 @@ inline __m512i score16(const int16_t* q16, const int8_t* const keys[KEYS], int64
     }
   }
   return transpose_sum(acc);
+}
+
+// Where dim d of a row lands in weigh16's sums: per 32 dims, the 16 int32 lanes VPUNPCKLWD
+// leaves (dims 8L + m of each 128-bit lane L, m < 4), then the 16 of VPUNPCKHWD (8L + 4 + m).
+inline int64_t lane_of16(int64_t d) {
+  return (d & ~int64_t{31}) + ((d >> 2) & 1) * 16 + ((d >> 3) & 3) * 4 + (d & 3);
+}
+
+// A decode's p . V over one chunk of 16 keys for R rows (dim % 32 == 0): per row, the keys'
+// weights w_t = probs[t] x scales[t] (keys outside `keys` weigh 0) rounded to int16 steps of
+// max w / 32767, the products with the int8 values summed exactly in int32 by VPDPWSSD, two keys
+// a lane (their values interleaved by VPUNPCK{L,H}WD), then sums[lane_of16(d)] += isum x step.
+// The rounding moves a key's weight by at most 1/65534 of the chunk's largest.
+template <int R>
+inline void weigh16_rows(const float* probs, int64_t probs_stride, __mmask16 keys,
+                         __m512 scales, const int8_t* const values[KEYS], float* sums,
+                         int64_t dim) {
+  alignas(64) int32_t pairs[R][KEYS / 2];  // row r's int16 weights of keys 2i and 2i + 1
+  float steps[R];
+  for (int r = 0; r < R; ++r) {
+    const __m512 p = _mm512_maskz_loadu_ps(keys, probs + r * probs_stride);
+    const __m512 w = _mm512_maskz_mul_ps(keys, p, scales);
+    const float max = _mm512_reduce_max_ps(w);  // probabilities and scales are >= 0
+    steps[r] = max / 32767.0f;
+    const __m512 inverse = _mm512_set1_ps(max > 0.0f ? 32767.0f / max : 0.0f);
+    const __m512i w32 = _mm512_cvtps_epi32(_mm512_mul_ps(w, inverse));  // nearest even
+    _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[r]), _mm512_cvtsepi32_epi16(w32));
+  }
+  for (int64_t d = 0; d < dim; d += Q16_DIMS) {
+    __m512i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int t = 0; t < KEYS; t += 2) {
+      const __m512i a = _mm512_cvtepi8_epi16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values[t] + d)));
+      const __m512i b = _mm512_cvtepi8_epi16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values[t + 1] + d)));
+      const __m512i low = _mm512_unpacklo_epi16(a, b), high = _mm512_unpackhi_epi16(a, b);
+      for (int r = 0; r < R; ++r) {
+        const __m512i pair = _mm512_set1_epi32(pairs[r][t / 2]);
+        acc[r][0] = _mm512_dpwssd_epi32(acc[r][0], low, pair);
+        acc[r][1] = _mm512_dpwssd_epi32(acc[r][1], high, pair);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 step = _mm512_set1_ps(steps[r]);
+      for (int k = 0; k < 2; ++k) {
+        float* out = sums + r * dim + d + 16 * k;
+        _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][k]), step,
+                                              _mm512_loadu_ps(out)));
+      }
+    }
+  }
+}
+
+// weigh16_rows for `rows` rows that see the same keys, 4 rows at a time.
+inline void weigh16(const float* probs, int64_t probs_stride, __mmask16 keys, __m512 scales,
+                    const int8_t* const values[KEYS], float* sums, int64_t dim, int64_t rows) {
+  for (int64_t r = 0; r < rows; r += 4) {
+    const float* pr = probs + r * probs_stride;
+    float* sr = sums + r * dim;
+    switch (rows - r >= 4 ? 4 : rows - r) {
+      case 4: weigh16_rows<4>(pr, probs_stride, keys, scales, values, sr, dim); break;
+      case 3: weigh16_rows<3>(pr, probs_stride, keys, scales, values, sr, dim); break;
+      case 2: weigh16_rows<2>(pr, probs_stride, keys, scales, values, sr, dim); break;
+      default: weigh16_rows<1>(pr, probs_stride, keys, scales, values, sr, dim);
+    }
+  }
 }
 #endif
 

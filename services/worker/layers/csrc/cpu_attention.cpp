@@ -15,9 +15,11 @@
 //   3. out_r = sum_t p[r, t] v_t / sum_r.
 // K and V rows in float32 or half types are widened to float32 one block at a time; all
 // arithmetic is float32. An int8 cache (kv_cache.py: one float32 scale per token and KV head)
-// is widened the same way, each row times its scale, with q and out in the model's dtype. Where the compiler targets AVX512-BF16, a bf16 cache is read as it is
-// (avx512_bf16.h): VDPBF16PS multiplies its keys by bf16 q, 16 keys at a time, and value rows
-// are widened in registers; the widened copies remain for other dtypes, and for bf16 when asked
+// is widened the same way, each row times its scale, with q and out in the model's dtype; with
+// AVX512-VNNI a decode over it runs in integers instead (avx512_int8.h's score16 and weigh16).
+// Where the compiler targets AVX512-BF16, a bf16 cache is read as it is (avx512_bf16.h):
+// VDPBF16PS multiplies its keys by bf16 q, 16 keys at a time, and value rows are widened in
+// registers; the widened copies remain for other dtypes, and for bf16 and int8 when asked
 // (avx512_bf16=false, the benchmark's "widened").
 //
 // Built by cpu_attention_ext.py (torch.utils.cpp_extension, from `make install`) and loaded
@@ -336,7 +338,7 @@ struct Problem {
   int64_t num_heads, group, dim;
   float scale;
   bool avx512_bf16;  // bf16: avx512_bf16.h's passes where built in; int8: a decode's int16
-                     // queries (VNNI); false: widened copies / float32 queries
+                     // passes (VNNI); false: widened copies, float32 arithmetic
 };
 
 struct Scratch {
@@ -402,9 +404,13 @@ void for_each_block(const Problem<T, C>& p, const Item& item, const C* cache,
 }
 
 // Where dim d of an item's sums lies: in place, or as avx512_bf16.h's passes leave it.
-inline int64_t lane(int64_t d, [[maybe_unused]] bool bf16_passes) {
+inline int64_t lane(int64_t d, [[maybe_unused]] bool bf16_passes,
+                    [[maybe_unused]] bool int16_decode) {
 #if HAS_AVX512_BF16
   if (bf16_passes) return avx512_bf16::lane_of(d);
+#if defined(__AVX512VNNI__)
+  if (int16_decode) return avx512_int8::lane_of16(d);
+#endif
 #endif
   return d;
 }
@@ -460,6 +466,28 @@ void score_keys(const Problem<T, C>& p, const Item& item, const Span& s, Scratch
       }
     }
   });
+}
+
+// Whether this item runs avx512_int8.h's passes (int8 cache, built in, dim fits).
+template <typename T, typename C>
+bool uses_int8_passes([[maybe_unused]] const Problem<T, C>& p) {
+#if HAS_AVX512_BF16
+  return std::is_same_v<C, int8_t> && p.dim % avx512_int8::ROW_DIMS == 0;
+#else
+  return false;
+#endif
+}
+
+// Whether a decode item over an int8 cache runs avx512_int8.h's int16 passes (score16 and
+// weigh16: VNNI built in, asked for by avx512_bf16; a prefill tile keeps the float32 passes).
+template <typename T, typename C>
+bool uses_int16_decode([[maybe_unused]] const Problem<T, C>& p,
+                       [[maybe_unused]] const Item& item) {
+#if HAS_AVX512_BF16 && defined(__AVX512VNNI__)
+  return uses_int8_passes(p) && p.avx512_bf16 && item.num_tokens == 1;
+#else
+  return false;
+#endif
 }
 
 #if HAS_AVX512_BF16
@@ -605,15 +633,13 @@ void score_keys_int8(const Problem<T, int8_t>& p, const Item& item, const Span& 
   const int64_t kv_heads = p.token_stride / p.dim;
   float* rows = scratch.block.data();  // [KEYS, dim], the chunk's keys widened
   const bool widen_once = item.num_tokens > 1;
+  [[maybe_unused]] const bool q16 = uses_int16_decode(p, item);
 #if defined(__AVX512VNNI__)
-  const bool q16 = p.avx512_bf16 && !widen_once && p.dim % avx512_int8::Q16_DIMS == 0;
   const int64_t item_rows = (item.head_end - item.head_begin) * item.num_tokens * s.group;
   for (int64_t r = 0; q16 && r < item_rows; ++r) {
     scratch.q_step[r] = avx512_int8::quantize_query16(scratch.q.data() + r * p.dim, p.dim,
                                                       scratch.q16.data() + r * p.dim);
   }
-#else
-  const bool q16 = false;
 #endif
   for_each_int8_chunk(p, item, p.k_cache, p.k_scale, s, [&](int64_t c, int64_t n,
                                                             const int64_t* slots) {
@@ -652,11 +678,13 @@ void score_keys_int8(const Problem<T, int8_t>& p, const Item& item, const Span& 
   });
 }
 
-// Pass 2 on an int8 cache, V rows widened in registers, each key's scale folded into its p.
+// Pass 2 on an int8 cache: a decode's weights in int16 against the int8 values (VNNI); else
+// V rows widened in registers, each key's scale folded into its p.
 template <typename T>
 void weigh_values_int8(const Problem<T, int8_t>& p, const Item& item, const Span& s,
                        Scratch& scratch) {
   const int64_t kv_heads = p.token_stride / p.dim;
+  [[maybe_unused]] const bool int16 = uses_int16_decode(p, item);
   for_each_int8_chunk(p, item, p.v_cache, p.v_scale, s, [&](int64_t c, int64_t n,
                                                             const int64_t* slots) {
     const int8_t* values[KEYS];
@@ -670,6 +698,15 @@ void weigh_values_int8(const Problem<T, int8_t>& p, const Item& item, const Span
         const int64_t a = std::max(c, s.first(i)), b = std::min(c + n - 1, s.last(i));
         if (a > b) continue;
         const int64_t r = s.row(item, h, i, 0);  // the group's rows follow
+#if defined(__AVX512VNNI__)
+        if (int16) {
+          const __mmask16 keys = static_cast<__mmask16>(((1u << (b - a + 1)) - 1) << (a - c));
+          avx512_int8::weigh16(scratch.scores.data() + r * s.size() + c - s.lo, s.size(), keys,
+                               _mm512_loadu_ps(scale), values, scratch.acc.data() + r * p.dim,
+                               p.dim, s.group);
+          continue;
+        }
+#endif
         avx512_int8::weigh(scratch.scores.data() + r * s.size() + a - s.lo, s.size(),
                            values + (a - c), scale + (a - c), b - a + 1,
                            scratch.acc.data() + r * p.dim, p.dim, s.group);
@@ -706,15 +743,6 @@ bool uses_avx512_bf16([[maybe_unused]] const Problem<T, C>& p) {
 #endif
 }
 
-// Whether this item runs avx512_int8.h's passes (int8 cache, built in, dim fits).
-template <typename T, typename C>
-bool uses_int8_passes([[maybe_unused]] const Problem<T, C>& p) {
-#if HAS_AVX512_BF16
-  return std::is_same_v<C, int8_t> && p.dim % avx512_int8::ROW_DIMS == 0;
-#else
-  return false;
-#endif
-}
 
 // One work item: scores, softmax and the weighted values of its rows. Out rows are written by
 // this item only.
@@ -733,6 +761,7 @@ void attend(const Problem<T, C>& p, const Item& item, Scratch& scratch) {
   float* inv_sum = scratch.inv_sum.data();
   std::fill(acc, acc + rows * dim, 0.0f);
   const bool bf16_passes = uses_avx512_bf16(p), int8_passes = uses_int8_passes(p);
+  const bool int16_decode = uses_int16_decode(p, item);
 #if HAS_AVX512_BF16
   if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, T>) {
     if (bf16_passes) score_keys_bf16(p, item, s, scratch);
@@ -767,7 +796,9 @@ void attend(const Problem<T, C>& p, const Item& item, Scratch& scratch) {
         const float* sums = acc + s.row(item, h, i, g) * dim;
         const float inv = inv_sum[s.row(item, h, i, g)];
         T* dst = p.out + ((item.first_token + i) * p.num_heads + h * group + g) * dim;
-        for (int64_t d = 0; d < dim; ++d) dst[d] = narrow<T>(sums[lane(d, bf16_passes)] * inv);
+        for (int64_t d = 0; d < dim; ++d) {
+          dst[d] = narrow<T>(sums[lane(d, bf16_passes, int16_decode)] * inv);
+        }
       }
     }
   }
