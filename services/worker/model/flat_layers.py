@@ -147,14 +147,20 @@ class FlatLayers:
         return x, residual
 
     def _native_caches(self, cache: PagedKVCache) -> list[list[torch.Tensor]] | None:
-        """[k_flat, v_flat, k_cache, v_cache], each a list over the layers, for a float32
-        cache (the runner's: made once); None for another (int8, bfloat16)."""
+        """llama_layers' cache arguments, each a list over the layers (made once per cache):
+        k_flat, v_flat, k_cache, v_cache, then an int8 cache's k_scale_flat, v_scale_flat,
+        k_scale, v_scale (empty lists for float32); None for a bfloat16 cache."""
         if self._caches is None or self._caches[0] is not cache:
-            views = [
-                cache.flat_layer(layer.index) + cache.layer(layer.index) for layer in self.layers
-            ]
-            usable = not cache.quantized and views[0][0].dtype == torch.float32
-            kinds = [list(kind) for kind in zip(*views, strict=True)] if usable else None
+            kinds = None
+            if cache.quantized or cache.dtype == torch.float32:
+                flat = [cache.flat_layer(layer.index) for layer in self.layers]
+                paged = [cache.layer(layer.index) for layer in self.layers]
+                # a float32 cache's views are (K, V); an int8 cache's (K, V, K scales, V scales)
+                kinds = [
+                    [v[j] for v in views if j < len(v)]
+                    for j, views in ((0, flat), (1, flat), (0, paged), (1, paged),
+                                     (2, flat), (3, flat), (2, paged), (3, paged))
+                ]  # fmt: skip
             self._caches = (cache, kinds)
         return self._caches[1]
 
@@ -167,11 +173,10 @@ class FlatLayers:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         native, meta = self.native, attn.groups[0]
         assert native is not None
-        k_flat, v_flat, k_cache, v_cache = views
         backend = attn.backend
         return torch.ops.layerserve.llama_layers(
-            x, native.norms, native.packed, native.pairs, native.out_rows, *rotary, k_flat,
-            v_flat, k_cache, v_cache, meta.slot_mapping, meta.query_start,
+            x, native.norms, native.packed, native.pairs, native.out_rows, *rotary, *views,
+            meta.slot_mapping, meta.query_start,
             meta.context_lens_device, meta.block_tables, native.shape, native.eps,
             1.0 / math.sqrt(native.shape[2]), backend.avx512_bf16, native.activations,
         )  # fmt: skip

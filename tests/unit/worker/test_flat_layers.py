@@ -30,11 +30,13 @@ def served(smollm_gguf: LoadedModel) -> LoadedModel:
     return smollm_gguf
 
 
-def _steps(loaded: LoadedModel, backend, flat: FlatLayers | None) -> list[torch.Tensor]:
+def _steps(
+    loaded: LoadedModel, backend, flat: FlatLayers | None, kv: torch.dtype = torch.float32
+) -> list[torch.Tensor]:
     """Hidden states of a prefill of three prompts (lengths 5, 9, 20) and then three decode steps
-    of all three, each a token chosen from the last hidden state; a fresh KV cache."""
+    of all three, each a token chosen from the last hidden state; a fresh KV cache of `kv`."""
     model, config = loaded.model, loaded.config
-    cache = PagedKVCache(config, 6, BLOCK, torch.float32, CPU)
+    cache = PagedKVCache(config, 6, BLOCK, kv, CPU)
     tables = [[0, 1], [2, 3], [4, 5]]
     generator = torch.Generator().manual_seed(0)
     tokens = [torch.randint(config.vocab_size, (n,), generator=generator) for n in (5, 9, 20)]
@@ -71,6 +73,23 @@ def test_the_flat_loop_gives_the_module_trees_bits(served: LoadedModel, kernels:
     native = isinstance(backend, CpuAttention) and flat.native is not None
     assert native == (kernels == "auto" and cpu_attention_ext.load())
     assert (flat._caches is not None) == native
+
+
+def test_the_cpp_loop_runs_over_an_int8_kv_cache_with_the_same_bits(served: LoadedModel) -> None:
+    """--kv-cache-dtype int8: the C++ loop passes each layer's scales to the write and attention
+    ops, and the steps (prefills, then decodes in int16 steps where built) equal the module
+    tree's over the same cache."""
+    if not cpu_attention_ext.load():
+        pytest.skip("the C++ extension is not built")
+    backend = choose_attention_backend("auto", CPU, served.config.head_dim)
+    flat = served.model.flat_loop()
+    assert flat is not None and flat.native is not None
+    expected = _steps(served, backend, None, torch.int8)
+    got = _steps(served, backend, flat, torch.int8)
+    for step, (e, g) in enumerate(zip(expected, got, strict=True)):
+        assert torch.equal(e, g), f"step {step}: max diff {(e - g).abs().max()}"
+    assert flat._caches is not None and flat._caches[1] is not None  # the C++ loop ran
+    assert not torch.equal(got[-1], _steps(served, backend, flat)[-1])  # int8, not float32
 
 
 @pytest.mark.parametrize("kernel, activations", [("int16act", "int16"), ("int8act", "int8")])
