@@ -51,6 +51,7 @@ inline __m512 dot16(const float* q, const int8_t* const keys[KEYS], int64_t dim)
 
 #if defined(__AVX512VNNI__)
 constexpr int64_t Q16_DIMS = 32;  // int16 query values per register: dim must be a multiple
+constexpr int64_t Q16_MAX_DIM = 512;  // score16's int32 sums stay exact up to this head dim
 
 // A decode row's query as int16 for score16: q16[d] = round(q[d] / step), step = max|q| / 32767
 // (a zero row: step 0, q16 zeros). Returns step. The rounding moves a score by at most
@@ -69,26 +70,18 @@ inline float quantize_query16(const float* q, int64_t dim, int16_t* q16) {
   return step;
 }
 
-// transpose_sum on int32 lanes: the same shuffles (on the bits), integer adds, exact.
-inline __m512i transpose_sum(const __m512i v[KEYS]) {
-  const auto add = [](__m512 a, __m512 b) {
+// avx512_bf16.h's transpose_sum on int32 lanes: the same shuffles, integer adds, exact.
+struct AddInts {
+  __m512 operator()(__m512 a, __m512 b) const {
     return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
-  };
-  const auto halves = [&](__m512i a, __m512i b) {
-    const __m512 x = _mm512_castsi512_ps(a), y = _mm512_castsi512_ps(b);
-    return add(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
-  };
-  __m512 quarters[4];
-#pragma GCC unroll 4
-  for (int q = 0; q < 4; ++q) {
-    const __m512 wx = halves(v[4 * q], v[4 * q + 1]), yz = halves(v[4 * q + 2], v[4 * q + 3]);
-    quarters[q] = add(_mm512_shuffle_f32x4(wx, yz, 0x88), _mm512_shuffle_f32x4(wx, yz, 0xDD));
   }
-  const auto pairs = [&](__m512 a, __m512 b) {
-    return add(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
-  };
-  const __m512 a = pairs(quarters[0], quarters[1]), b = pairs(quarters[2], quarters[3]);
-  return _mm512_castps_si512(add(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD)));
+};
+
+inline __m512i transpose_sum(const __m512i v[KEYS]) {
+  __m512 bits[KEYS];
+#pragma GCC unroll 16
+  for (int j = 0; j < KEYS; ++j) bits[j] = _mm512_castsi512_ps(v[j]);
+  return _mm512_castps_si512(avx512_bf16::transpose_sum(bits, AddInts{}));
 }
 
 // Lane j = sum_d q16[d] * keys[j][d], exact in int32 (dim % 32 == 0; |sum| <= 32767 x 128 x

@@ -484,7 +484,8 @@ template <typename T, typename C>
 bool uses_int16_decode([[maybe_unused]] const Problem<T, C>& p,
                        [[maybe_unused]] const Item& item) {
 #if HAS_AVX512_BF16 && defined(__AVX512VNNI__)
-  return uses_int8_passes(p) && p.avx512_bf16 && item.num_tokens == 1;
+  return uses_int8_passes(p) && p.avx512_bf16 && item.num_tokens == 1 &&
+         p.dim <= avx512_int8::Q16_MAX_DIM;
 #else
   return false;
 #endif
