@@ -25,6 +25,7 @@ its generated tokens. Unseeded rows take u from the global RNG."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -87,14 +88,20 @@ class Sampler:
         logprobs = torch.log_softmax(logits, dim=-1) if _wants_logprobs(options) else None
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))  # a copy
-        tokens = logits.argmax(dim=-1)  # [N], final for greedy rows
         random_rows = [i for i, o in enumerate(options) if o.temperature >= GREEDY_BELOW]
+        if len(random_rows) < len(options):
+            tokens = _argmax(logits)  # [N], final for greedy rows
+        else:  # no greedy row: an argmax over the vocabulary (~80 us a row) for nothing
+            tokens = torch.empty(len(options), dtype=torch.int64, device=logits.device)
         if random_rows:
-            index = torch.tensor(random_rows, device=logits.device)
             chosen = [options[i] for i in random_rows]
             counts = [len(output_token_ids[i]) for i in random_rows]
-            u = uniforms([o.seed for o in chosen], counts)
-            tokens[index] = draw(logits[index], chosen, u.to(logits.device))
+            u = uniforms([o.seed for o in chosen], counts).to(logits.device)
+            if len(random_rows) == len(options):  # draw() never writes to its logits
+                tokens = draw(logits, chosen, u)
+            else:
+                index = torch.tensor(random_rows, device=logits.device)
+                tokens[index] = draw(logits[index], chosen, u)
         return _package(tokens, logprobs, options)
 
 
@@ -115,7 +122,8 @@ def uniforms(seeds: list[int | None], counts: list[int]) -> torch.Tensor:
 
 
 def draw(logits: torch.Tensor, options: list[SamplingOptions], u: torch.Tensor) -> torch.Tensor:
-    """Penalised logits [R, V] of random rows and one uniform per row [R] -> token ids [R]."""
+    """Penalised logits [R, V] of random rows and one uniform per row [R] -> token ids [R]. The
+    logits are read, never written."""
     device = logits.device
     temperature = torch.tensor([o.temperature for o in options], device=device)
     drawn = torch.empty(len(options), dtype=torch.int64, device=device)
@@ -130,8 +138,10 @@ def draw(logits: torch.Tensor, options: list[SamplingOptions], u: torch.Tensor) 
         if not missed:
             return drawn
         rows = [options[i] for i in missed]
-        scaled = logits[missed].div_(temperature[missed, None])
-        picked, exact = _draw_among_candidates(scaled, rows, u[missed], candidates)
+        every = len(missed) == len(options)  # no copy of the whole rows
+        picked, exact = _draw_among_candidates(
+            logits if every else logits[missed], temperature[missed], rows, u[missed], candidates
+        )
         drawn[missed] = picked
         missed = [missed[j] for j, ok in enumerate(exact.tolist()) if not ok]
     if missed:  # a flat distribution: the dense reference for these rows
@@ -140,16 +150,50 @@ def draw(logits: torch.Tensor, options: list[SamplingOptions], u: torch.Tensor) 
     return drawn
 
 
+def _top_candidates(
+    logits: torch.Tensor, temperature: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The k largest logits / temperature per row, most likely first, their ids and each row's
+    logsumexp: (values [R, k], ids [R, k], lse [R]). On the CPU one C++ op
+    (csrc/sampling_ops.cpp) where the extension is built, ~6x faster than these torch ops."""
+    if logits.device.type == "cpu" and _native_candidates():
+        return torch.ops.layerserve.top_candidates(logits, temperature.float(), k)
+    scaled = logits / temperature[:, None]
+    values, ids = scaled.topk(k, dim=-1)
+    return values, ids, torch.logsumexp(scaled, dim=-1)
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] -> each row's first largest index [N]: torch.argmax's answer, on the CPU
+    by one C++ op where the extension is built (~8x faster on 49k logits)."""
+    if logits.device.type == "cpu" and _native_candidates():
+        return torch.ops.layerserve.argmax_rows(logits)
+    return logits.argmax(dim=-1)
+
+
+@functools.cache
+def _native_candidates() -> bool:
+    """Whether the C++ sampling ops (csrc/sampling_ops.cpp) are built and loaded."""
+    from services.worker.layers import cpu_attention_ext
+
+    return cpu_attention_ext.load() and hasattr(torch.ops.layerserve, "argmax_rows")
+
+
 def _draw_among_candidates(
-    scaled: torch.Tensor, options: list[SamplingOptions], u: torch.Tensor, candidates: int
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    options: list[SamplingOptions],
+    u: torch.Tensor,
+    candidates: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (token ids [R], exact [R] bool: the kept set ends inside the candidates)."""
-    device = scaled.device
-    vocab = scaled.shape[1]
+    """logits [R, V] (before temperature) -> (token ids [R], exact [R] bool: the kept set ends
+    inside the candidates)."""
+    device = logits.device
+    vocab = logits.shape[1]
     top_k = torch.tensor([o.top_k for o in options], device=device)
     k = min(vocab, max(candidates, int(top_k.max())))
-    values, ids = scaled.topk(k, dim=-1)  # [R, k], most likely first
-    probs = torch.exp(values - torch.logsumexp(scaled, dim=-1, keepdim=True))  # [R, k]
+    values, ids, lse = _top_candidates(logits, temperature, k)  # [R, k], most likely first
+    probs = torch.exp(values - lse[:, None])  # [R, k]
     # top-k: ties at the k-th value are kept, as in the reference.
     kth = values.gather(1, (top_k.clamp(1, k) - 1)[:, None])
     keep = (values >= kth) | (top_k[:, None] <= 0)

@@ -1,9 +1,10 @@
-"""The C++ CPU attention extension (csrc/: cpu_attention.cpp with avx512_bf16.h and
-avx512_int8.h, rope.cpp, small_ops.cpp, q8_0_matmul.cpp, q4_matmul.cpp, q4_q8_matmul.cpp,
-q8_0_q8_matmul.cpp, kv_write.cpp): built once by `make install` (python -m
-services.worker.layers.cpu_attention_ext) with torch's extension tooling, loaded by the worker
-at start-up as torch.ops.layerserve.paged_attention, rope_, silu_mul, q8_0_linear, q4_linear,
-q4_q8_linear, q8_0_q8_linear and write_kv_.
+"""The C++ CPU attention extension (csrc/: cpu_attention.cpp with avx512_sums.h, avx512_bf16.h,
+avx512_int8.h and vec_exp.h, rope.cpp, small_ops.cpp, q8_0_matmul.cpp, q4_matmul.cpp,
+q4_q8_matmul.cpp, q8_0_q8_matmul.cpp, kv_write.cpp, llama_layers.cpp, sampling_ops.cpp): built
+once by `make install` (python -m services.worker.layers.cpu_attention_ext) with torch's
+extension tooling, loaded by the worker at start-up as torch.ops.layerserve.paged_attention,
+rope_, silu_mul, q8_0_linear, q4_linear, q4_q8_linear, q8_0_q8_linear, write_kv_,
+llama_layers and top_candidates (the sampler's).
 
 It is compiled for the machine that builds it (-march=native), so the build directory is keyed
 by the source, the flags, torch's version and this CPU's instruction sets: a changed source or a
@@ -29,7 +30,7 @@ import torch
 NAME = "layerserve_cpu_attention"
 SOURCE = Path(__file__).parent / "csrc" / "cpu_attention.cpp"
 # One library: paged_attention, rope_, silu_mul, q8_0_linear, q4_linear, q4_q8_linear,
-# q8_0_q8_linear, write_kv_ and llama_layers (which calls the others).
+# q8_0_q8_linear, write_kv_, llama_layers (which calls the others) and top_candidates.
 SOURCES = (
     SOURCE,
     SOURCE.with_name("rope.cpp"),
@@ -40,8 +41,11 @@ SOURCES = (
     SOURCE.with_name("q8_0_q8_matmul.cpp"),
     SOURCE.with_name("kv_write.cpp"),
     SOURCE.with_name("llama_layers.cpp"),
+    SOURCE.with_name("sampling_ops.cpp"),
 )
 HEADERS = (
+    SOURCE.with_name("vec_exp.h"),
+    SOURCE.with_name("avx512_sums.h"),
     SOURCE.with_name("avx512_bf16.h"),
     SOURCE.with_name("avx512_int8.h"),
     SOURCE.with_name("int_activations.h"),

@@ -186,6 +186,23 @@ def test_long_decode_against_dense_attention() -> None:
     torch.testing.assert_close(out, dense.transpose(0, 1).reshape(1, 9, 64), rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("context", "block"), [(150, 16), (37, 4), (1000, 16)])
+def test_a_verify_steps_rows_equal_decodes_of_them(dtype, context, block) -> None:
+    """Speculative decoding keeps a proposal only where the sampler picks it itself: the 1 + k
+    query rows of a verify step must come out as each row's own decode step would, bit for bit,
+    whichever chunk of keys a score is computed in."""
+    rows = 9
+    cache, tables, q = _case([(rows, context)], 9, 3, 64, block, dtype, seed=context)
+    verify_meta = CpuAttention().metadata([rows], [context], tables, block, CPU)
+    together = CpuAttention().paged_attention(q, cache.layer(0), verify_meta)
+    for i in range(rows):
+        seen = context - rows + 1 + i  # row i's position + 1
+        meta = CpuAttention().metadata([1], [seen], tables, block, CPU)
+        alone = CpuAttention().paged_attention(q[i : i + 1], cache.layer(0), meta)
+        assert torch.equal(alone[0], together[i]), f"row {i} of {rows} over {seen} keys"
+
+
 def test_strided_queries_and_threads() -> None:
     """q as the model makes it (a view of the fused qkv projection), on two threads."""
     seqs = [(1, 50)] * 6 + [(20, 20)]

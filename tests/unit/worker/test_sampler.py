@@ -184,10 +184,23 @@ DISTRIBUTION_CASES = [
 ]
 
 
+@pytest.fixture(params=["native", "torch"])
+def candidates_op(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The candidates by the C++ op (csrc/sampling_ops.cpp, the CPU's default), or by torch's
+    topk and logsumexp (CUDA's, and the CPU's without the extension)."""
+    if request.param == "native":
+        request.getfixturevalue("cpu_extension")
+        sampler._native_candidates.cache_clear()
+        assert sampler._native_candidates()
+    else:
+        monkeypatch.setattr(sampler, "_native_candidates", lambda: False)
+    return request.param
+
+
 @pytest.mark.parametrize("candidates", [64, 4], ids=["in-candidates", "wider-and-dense"])
 @pytest.mark.parametrize("case", DISTRIBUTION_CASES, ids=lambda c: ",".join(map(str, c.values())))
 def test_draws_follow_the_reference_distribution(
-    case: dict, candidates: int, monkeypatch: pytest.MonkeyPatch
+    case: dict, candidates: int, monkeypatch: pytest.MonkeyPatch, candidates_op: str
 ) -> None:
     # 4 candidates: most rows need the wider set or the dense fallback, every path is drawn.
     monkeypatch.setattr(sampler, "CANDIDATES", candidates)
@@ -214,9 +227,48 @@ def test_the_distribution_check_rejects_a_sampler_that_ignores_top_p() -> None:
     assert _chi_square_p(torch.bincount(wrong_t, minlength=VOCAB), reference_t) < 1e-4
 
 
-def test_the_caller_logits_are_not_changed() -> None:
+def test_the_caller_logits_are_not_changed(candidates_op: str) -> None:
     logits = _logits(2)
     before = logits.clone()
     options = [SamplingOptions(temperature=0.7, repetition_penalty=1.3), SamplingOptions()]
     _sample(logits, options, [[1, 2], []])
     assert torch.equal(logits, before)
+    every_row_random = [  # drawn from the caller's tensor itself, no copy
+        SamplingOptions(temperature=0.7, top_p=0.9, seed=1),
+        SamplingOptions(temperature=1.2),
+    ]
+    _sample(logits, every_row_random)
+    assert torch.equal(logits, before)
+
+
+def test_the_native_candidates_are_torchs(cpu_extension: None) -> None:
+    """top_candidates against torch: the k largest logits / T (values bit for bit, best
+    first), their ids, and the row's logsumexp; a tie goes to the lower token id."""
+    x = torch.randn(3, 49152, generator=torch.Generator().manual_seed(3)) * 4
+    t = torch.tensor([0.7, 1.0, 1.9])
+    for k in (1, 5, 64, 1000):
+        values, ids, lse = torch.ops.layerserve.top_candidates(x, t, k)
+        scaled = x / t[:, None]
+        expected = scaled.topk(k)
+        assert torch.equal(values, expected.values)
+        assert torch.equal(scaled.gather(1, ids), values)
+        torch.testing.assert_close(lse, torch.logsumexp(scaled, dim=-1), rtol=0, atol=1e-5)
+    ties = torch.tensor([[1.0, 3.0, 2.0, 3.0, 3.0, 0.5] * 4])
+    _, ids, _ = torch.ops.layerserve.top_candidates(ties, torch.ones(1), 4)
+    assert ids.tolist() == [[1, 3, 4, 7]]
+    with pytest.raises(RuntimeError, match="k in"):
+        torch.ops.layerserve.top_candidates(ties, torch.ones(1), 0)
+
+
+def test_the_native_argmax_is_torchs(cpu_extension: None) -> None:
+    """argmax_rows answers as torch.argmax: the first of tied maxima, a NaN before any number,
+    a row of -inf its first index; any length (not only whole vectors)."""
+    x = torch.randn(5, 49152, generator=torch.Generator().manual_seed(4))
+    x[1, 7] = x[1, 40000] = 50.0  # a tie: the first
+    x[2, 123] = float("nan")
+    x[3] = float("-inf")
+    x[4, 49151] = 99.0  # in the last vector
+    assert torch.equal(torch.ops.layerserve.argmax_rows(x), x.argmax(dim=-1))
+    odd = torch.randn(3, 37)
+    odd[0, 36] = 10.0
+    assert torch.equal(torch.ops.layerserve.argmax_rows(odd), odd.argmax(dim=-1))

@@ -20,57 +20,14 @@
 
 #include <cstdint>
 
+#include "avx512_sums.h"
+
 namespace avx512_bf16 {
 
-constexpr int KEYS = 16;
+using avx512_sums::KEYS;
+using avx512_sums::slot;
+using avx512_sums::transpose_sum;
 constexpr int64_t PER_LOAD = 32;  // bf16 values per 512-bit load: dim must be a multiple
-
-// The reduction leaves slot 4m + k's sum in lane 4k + m: keeping key j's partial sums in slot
-// slot(j) puts its score in lane j with no final permute.
-constexpr int slot(int j) { return (j % 4) * 4 + j / 4; }
-
-// The reduction's adds: float32 lanes here; avx512_int8.h sums int32 lanes through the same
-// shuffles (they move bits, whatever the lanes hold).
-struct AddFloats {
-  __m512 operator()(__m512 a, __m512 b) const { return _mm512_add_ps(a, b); }
-};
-
-// [a's pair sums (8 lanes), b's (8 lanes)]: the upper 256 bits of each added to the lower.
-template <typename Add>
-inline __m512 fold_halves(__m512 a, __m512 b, Add add) {
-  return add(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-}
-
-// From two [w, x] halves-folded vectors, quarters [w, x, y, z] of 4 lanes each.
-template <typename Add>
-inline __m512 fold_quarters(__m512 wx, __m512 yz, Add add) {
-  return add(_mm512_shuffle_f32x4(wx, yz, 0x88), _mm512_shuffle_f32x4(wx, yz, 0xDD));
-}
-
-// Within each 128-bit quarter: 2 lanes of a's sums, then 2 of b's.
-template <typename Add>
-inline __m512 fold_pairs(__m512 a, __m512 b, Add add) {
-  return add(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
-}
-
-// Within each quarter: one lane each of a's and b's two sums.
-template <typename Add>
-inline __m512 fold_lanes(__m512 a, __m512 b, Add add) {
-  return add(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
-}
-
-// Lane 4k + m = the sum of the 16 lanes of v[4m + k]: 30 shuffles and 15 adds for 16 sums.
-template <typename Add = AddFloats>
-inline __m512 transpose_sum(const __m512 v[KEYS], Add add = {}) {
-  __m512 quarters[4];
-#pragma GCC unroll 4
-  for (int q = 0; q < 4; ++q) {
-    quarters[q] = fold_quarters(fold_halves(v[4 * q], v[4 * q + 1], add),
-                                fold_halves(v[4 * q + 2], v[4 * q + 3], add), add);
-  }
-  return fold_lanes(fold_pairs(quarters[0], quarters[1], add),
-                    fold_pairs(quarters[2], quarters[3], add), add);
-}
 
 // Lane j = q . keys[j] over `dim` values (dim % 32 == 0); q and the keys are raw bf16 bits.
 inline __m512 dot16(const uint16_t* q, const uint16_t* const keys[KEYS], int64_t dim) {

@@ -1,6 +1,6 @@
 // The inner loops of attention over an int8 KV cache (kv_cache.py: one float32 scale per token
 // and KV head):
-// - dot16: 16 q . k dot products at once, 16 lanes per key, then avx512_bf16.h's transposing
+// - dot16: 16 q . k dot products at once, 16 lanes per key, then avx512_sums.h's transposing
 //   reduction turns the 16 keys' lane sums into one vector whose lane j is key j's dot. A
 //   decode's few rows (its G query heads) widen each key in registers (VPMOVSXBD, VCVTDQ2PS)
 //   as they read it; a prefill tile's many rows (16 tokens x G) read the chunk's keys widened
@@ -11,7 +11,7 @@
 //   int32 sums of its products with the int8 keys) and weigh16 (each chunk's weights rounded
 //   to int16, exact int32 sums with the int8 values), each sum then times its float32 steps.
 //
-// Included by cpu_attention.cpp where avx512_bf16.h is (the reduction is that header's): the
+// Included by cpu_attention.cpp where avx512_bf16.h is (VNNI and BF16 CPUs alike): the
 // extension is built with -march=native on the machine that runs it; elsewhere int8 rows are
 // widened into a copy a block at a time.
 #pragma once
@@ -24,7 +24,7 @@
 
 namespace avx512_int8 {
 
-using avx512_bf16::KEYS;
+using avx512_sums::KEYS;
 constexpr int64_t PER_LOAD = 16;  // int8 values widened per register: dim must be a multiple
 constexpr int64_t ROW_DIMS = 4 * PER_LOAD;  // dims weigh_rows keeps in registers per row
 
@@ -42,11 +42,11 @@ inline __m512 dot16(const float* q, const int8_t* const keys[KEYS], int64_t dim)
     const __m512 qv = _mm512_loadu_ps(q + d);
 #pragma GCC unroll 16
     for (int j = 0; j < KEYS; ++j) {
-      const int k = avx512_bf16::slot(j);
+      const int k = avx512_sums::slot(j);
       acc[k] = _mm512_fmadd_ps(qv, widen16(keys[j] + d), acc[k]);
     }
   }
-  return avx512_bf16::transpose_sum(acc);
+  return avx512_sums::transpose_sum(acc);
 }
 
 #if defined(__AVX512VNNI__)
@@ -70,7 +70,7 @@ inline float quantize_query16(const float* q, int64_t dim, int16_t* q16) {
   return step;
 }
 
-// avx512_bf16.h's transpose_sum on int32 lanes: the same shuffles, integer adds, exact.
+// avx512_sums.h's transpose_sum on int32 lanes: the same shuffles, integer adds, exact.
 struct AddInts {
   __m512 operator()(__m512 a, __m512 b) const {
     return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
@@ -81,7 +81,7 @@ inline __m512i transpose_sum(const __m512i v[KEYS]) {
   __m512 bits[KEYS];
 #pragma GCC unroll 16
   for (int j = 0; j < KEYS; ++j) bits[j] = _mm512_castsi512_ps(v[j]);
-  return _mm512_castps_si512(avx512_bf16::transpose_sum(bits, AddInts{}));
+  return _mm512_castps_si512(avx512_sums::transpose_sum(bits, AddInts{}));
 }
 
 // Lane j = sum_d q16[d] * keys[j][d], exact in int32 (dim % 32 == 0; |sum| <= 32767 x 128 x
@@ -96,7 +96,7 @@ inline __m512i score16(const int16_t* q16, const int8_t* const keys[KEYS], int64
 #pragma GCC unroll 16
     for (int j = 0; j < KEYS; ++j) {
       const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys[j] + d));
-      const int k = avx512_bf16::slot(j);
+      const int k = avx512_sums::slot(j);
       acc[k] = _mm512_dpwssd_epi32(acc[k], qv, _mm512_cvtepi8_epi16(bytes));
     }
   }
@@ -192,11 +192,11 @@ inline __m512 dot16(const float* q, const float* rows, int64_t dim) {
     const __m512 qv = _mm512_loadu_ps(q + d);
 #pragma GCC unroll 16
     for (int j = 0; j < KEYS; ++j) {
-      const int k = avx512_bf16::slot(j);
+      const int k = avx512_sums::slot(j);
       acc[k] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows + j * dim + d), acc[k]);
     }
   }
-  return avx512_bf16::transpose_sum(acc);
+  return avx512_sums::transpose_sum(acc);
 }
 
 // sums[r][d] += sum_t probs[r * probs_stride + t] * scales[t] * values[t][d] for R rows, 64

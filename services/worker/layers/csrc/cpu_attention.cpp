@@ -41,6 +41,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "vec_exp.h"
+
+#if defined(__AVX512F__)
+#include "avx512_sums.h"
+#endif
 #if defined(__AVX512BF16__)
 #include "avx512_bf16.h"
 #include "avx512_int8.h"
@@ -193,24 +198,7 @@ inline void accumulate(const float* probs, int64_t probs_stride, const float* va
   }
 }
 
-// e^x for x <= 0 (scores minus their row max), to ~2 ulp: 2^n * e^r with |r| <= ln2/2 and a
-// degree-6 Taylor polynomial; inputs below -87 flush to ~0 (never a denormal or a NaN).
-inline vec exp_nonpositive(vec x) {
-  x = x < -87.0f ? vec{} - 87.0f : x;
-  // Round to nearest by truncation: x * log2(e) <= 0, so subtracting 0.5 then truncating
-  // towards zero rounds; n in [-126, 0].
-  const ivec n_int = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, ivec);
-  const vec n = __builtin_convertvector(n_int, vec);
-  const vec r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  vec p = r * (1.0f / 720) + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const ivec bits = (n_int + 127) << 23;
-  return p * reinterpret_cast<const vec&>(bits);
-}
+inline vec exp_nonpositive(vec x) { return vec_exp::exp_nonpositive<vec, ivec>(x); }
 
 // row[t] <- exp(row[t] - max(row)) for t < count; returns their sum.
 inline float softmax_numerators(float* row, int64_t count) {
@@ -445,6 +433,25 @@ void widen_queries(const Problem<T, C>& p, const Item& item, const Span& s, Scra
   }
 }
 
+// scores[t] = q . keys[(t - t0) * stride] for keys t in [a, b]: with AVX-512, 16 keys at a time
+// (avx512_sums.h's dot16: a score is the same bits whichever 16 keys it is computed with, so a
+// decode and a verify step's rows over the same keys agree; one dot and its horizontal sum per
+// key took ~4x as long); else one dot a key.
+inline void score_rows(const float* q, const float* keys, int64_t stride, int64_t t0,
+                       int64_t a, int64_t b, int64_t dim, float* scores) {
+#if defined(__AVX512F__)
+  if (dim % LANES == 0) {
+    for (int64_t c = a; c <= b; c += avx512_sums::KEYS) {
+      const int64_t n = std::min<int64_t>(avx512_sums::KEYS, b - c + 1);
+      _mm512_mask_storeu_ps(scores + c, static_cast<__mmask16>((1u << n) - 1),
+                            avx512_sums::dot16(q, keys + (c - t0) * stride, stride, n, dim));
+    }
+    return;
+  }
+#endif
+  for (int64_t t = a; t <= b; ++t) scores[t] = dot(q, keys + (t - t0) * stride, dim);
+}
+
 // Pass 1 on float32 rows (half types and int8 widened a block at a time):
 // scores[r * span + t - lo] = q_r . k_t * scale for every key t row r sees.
 template <typename T, typename C>
@@ -459,10 +466,7 @@ void score_keys(const Problem<T, C>& p, const Item& item, const Span& s, Scratch
       const int64_t a = std::max(t0, s.first(i)), b = std::min(t1, s.last(i));
       for (int64_t g = 0; g < s.group; ++g) {
         const int64_t r = s.row(item, h, i, g);
-        float* row_scores = scores + r * span - s.lo;
-        for (int64_t t = a; t <= b; ++t) {
-          row_scores[t] = dot(qf + r * dim, keys + (t - t0) * stride, dim);
-        }
+        score_rows(qf + r * dim, keys, stride, t0, a, b, dim, scores + r * span - s.lo);
       }
     }
   });
@@ -797,8 +801,12 @@ void attend(const Problem<T, C>& p, const Item& item, Scratch& scratch) {
         const float* sums = acc + s.row(item, h, i, g) * dim;
         const float inv = inv_sum[s.row(item, h, i, g)];
         T* dst = p.out + ((item.first_token + i) * p.num_heads + h * group + g) * dim;
-        for (int64_t d = 0; d < dim; ++d) {
-          dst[d] = narrow<T>(sums[lane(d, bf16_passes, int16_decode)] * inv);
+        if (bf16_passes || int16_decode) {
+          for (int64_t d = 0; d < dim; ++d) {
+            dst[d] = narrow<T>(sums[lane(d, bf16_passes, int16_decode)] * inv);
+          }
+        } else {  // in place: a loop the compiler vectorises
+          for (int64_t d = 0; d < dim; ++d) dst[d] = narrow<T>(sums[d] * inv);
         }
       }
     }
