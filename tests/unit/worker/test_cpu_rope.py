@@ -39,9 +39,11 @@ def test_rope_matches_the_torch_ops_bit_for_bit(dtype: torch.dtype, tokens: int)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_silu_mul_matches_the_torch_ops_bit_for_bit(dtype: torch.dtype) -> None:
-    """csrc/small_ops.cpp: torch_ops.silu_mul in one dispatch."""
+    """csrc/small_ops.cpp: torch_ops.silu_mul in one dispatch (float32 written out with torch's
+    exp; an intermediate size not a multiple of 16 through ATen's calls), large gates too."""
     generator = torch.Generator().manual_seed(1)
-    gate_up = torch.randn(5, 2 * 1536, generator=generator).to(dtype)
     backend = CpuAttention()
-
-    assert torch.equal(backend.silu_mul(gate_up.clone()), torch_ops.silu_mul(gate_up.clone()))
+    for rows, inter, spread in ((5, 1536, 1.0), (9, 1536, 40.0), (3, 40, 5.0)):
+        gate_up = (torch.randn(rows, 2 * inter, generator=generator) * spread).to(dtype)
+        got = backend.silu_mul(gate_up.clone())
+        assert torch.equal(got, torch_ops.silu_mul(gate_up.clone())), (rows, inter, spread)
