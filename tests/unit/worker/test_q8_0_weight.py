@@ -91,6 +91,20 @@ def test_embedding_lookup_gives_the_dequantized_rows_exactly() -> None:
     assert torch.equal(rows, weight.dequantized()[ids])
 
 
+def test_embedding_lookup_from_the_packed_layout_is_exact() -> None:
+    """A head packed for the integer ops (32 rows a unit, the last one padded) looks its rows
+    up in one op (q8_0_rows): the dequantized rows exactly, any shape of ids; a bad id is an
+    error, not a read outside the weight."""
+    weight = _random_q8_0(300, 576, activations="int16")
+    assert weight.packed is not None
+    ids = torch.tensor([[0, 299, 7], [7, 150, 3]])
+    rows = torch.nn.functional.embedding(ids, weight)
+    assert rows.shape == (2, 3, 576)
+    assert torch.equal(rows, weight.dequantized()[ids])
+    with pytest.raises(RuntimeError, match="outside"):
+        weight.embedding(torch.tensor([300]))
+
+
 def test_tied_q8_0_table_is_kept_as_the_files_values_in_a_quarter_of_the_bytes(
     smollm: LoadedModel, smollm_gguf: LoadedModel
 ) -> None:

@@ -21,7 +21,7 @@
 // c+3)); scales [N / 32, K / 32, 32], float16 where exact (GGUF's d are), else float32.
 //
 // Built into the same library as cpu_attention.cpp (cpu_attention_ext.py):
-// torch.ops.layerserve.q8_0_q8_linear, q8_0_q16_linear.
+// torch.ops.layerserve.q8_0_q8_linear, q8_0_q16_linear, q8_0_rows.
 
 #include <torch/library.h>
 
@@ -54,9 +54,68 @@ at::Tensor q8_0_q16_linear(const at::Tensor& x, const at::Tensor& packed,
   return int_activations::linear<Q8_0Weights, int16_t>("q8_0_q16_linear", x, packed, scales, n);
 }
 
+// Rows `ids` of the weight as float32 [n, K], d * q each (exact: an 8-bit q times a float16 d),
+// read from the layout above: the tied embedding of a model whose head is Q8_0 (q8_0_weight.py's
+// embedding), one op where torch took ~15 (indexing the unit and lane, the permuted views, the
+// bias, the product).
+template <typename P>
+void gather_rows(const uint8_t* packed, const P* scales, const int64_t* ids, int64_t n,
+                 int64_t k, float* out) {
+  using int_activations::kGroup;
+  using int_activations::kUnitRows;
+  const int64_t chunks = k / Q8_0Weights::kColumns, groups = k / kGroup;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t unit = ids[r] / kUnitRows, lane = ids[r] % kUnitRows;
+    const uint8_t* bytes = packed + unit * chunks * int_activations::kChunkBytes + lane * 4;
+    const P* d = scales + unit * groups * kUnitRows + lane;
+    float* dst = out + r * k;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float scale = int_activations::to_float(d[(c * 4 / kGroup) * kUnitRows]);
+      for (int64_t j = 0; j < 4; ++j) {
+        const int q = static_cast<int>(bytes[c * int_activations::kChunkBytes + j]) - 128;
+        dst[c * 4 + j] = static_cast<float>(q) * scale;
+      }
+    }
+  }
+}
+
+// packed, scales as q8_0_q8_linear takes them; ids int64 [n] in [0, rows) -> [n, K] float32.
+at::Tensor q8_0_rows(const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& ids,
+                     int64_t rows) {
+  TORCH_CHECK(packed.device().is_cpu() && packed.dim() == 3 &&
+                  packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(2) == int_activations::kChunkBytes,
+              "layerserve::q8_0_rows: packed [units, K / 4, 128] uint8 contiguous");
+  const int64_t k = packed.size(1) * Q8_0Weights::kColumns;
+  TORCH_CHECK(scales.is_contiguous() && scales.dim() == 3 && scales.size(0) == packed.size(0) &&
+                  scales.size(1) == k / int_activations::kGroup &&
+                  (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
+              "layerserve::q8_0_rows: scales [units, K / 32, 32] float16 or float32");
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1,
+              "layerserve::q8_0_rows: ids int64 [n]");
+  const at::Tensor index = ids.contiguous();
+  const int64_t n = index.size(0);
+  const int64_t* id = index.data_ptr<int64_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    TORCH_CHECK(id[r] >= 0 && id[r] < rows, "layerserve::q8_0_rows: id ", id[r],
+                " outside [0, ", rows, ")");
+  }
+  at::Tensor out = at::empty({n, k}, packed.options().dtype(at::kFloat));
+  if (scales.scalar_type() == at::kHalf) {
+    gather_rows(packed.data_ptr<uint8_t>(), scales.data_ptr<at::Half>(), id, n, k,
+                out.data_ptr<float>());
+  } else {
+    gather_rows(packed.data_ptr<uint8_t>(), scales.data_ptr<float>(), id, n, k,
+                out.data_ptr<float>());
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(layerserve, m) {
+  m.def("q8_0_rows(Tensor packed, Tensor scales, Tensor ids, int rows) -> Tensor");
+  m.impl("q8_0_rows", c10::DispatchKey::CPU, &q8_0_rows);
   m.def("q8_0_q8_linear(Tensor x, Tensor packed, Tensor scales, int n) -> Tensor");
   m.impl("q8_0_q8_linear", c10::DispatchKey::CPU, &q8_0_q8_linear);
   m.def("q8_0_q16_linear(Tensor x, Tensor packed, Tensor scales, int n) -> Tensor");
