@@ -5,12 +5,14 @@ rms_norm is 8 ops and apply_rotary 7 per tensor (slices, a negation and a cat fo
 ~30 per layer with SiLU-mul and the residual adds. These give the same bits as the references
 in torch_attention.py (float32, bfloat16 and float16; tests/unit/worker/test_torch_ops.py) in
 fewer ops: rms_norm is one fused op in float32 (three around it in half precision), RoPE is
-four per tensor, its sign folded into a sin table made once per step.
+four per tensor, its sign folded into a sin table made once per table.
 
 torch.compile does fuse them, but each compiled call costs tens of µs of guards on the CPU,
 more than the ops it replaces at batch 1 (docs/benchmarks.md, "Issue 18")."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -31,11 +33,18 @@ def rope_tables(
     sin is (-sin | sin) over the two halves, so apply_rope swaps halves with no negation.
 
     Once per step, shared by every layer."""
-    half = cos.shape[-1] // 2
-    signs = torch.ones(cos.shape[-1], dtype=sin.dtype, device=sin.device)
-    signs[:half] = -1
-    signed_sin = sin[positions] * signs
+    signed_sin = _signed_sin(sin)[positions]
     return cos[positions].unsqueeze(1).to(dtype), signed_sin.unsqueeze(1).to(dtype)
+
+
+@functools.lru_cache(maxsize=4)
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """(-sin | sin) over the two halves of the whole [P, D] table, made once per table (a
+    tensor hashes by identity) instead of per step: the same products, a sign flip is exact."""
+    half = sin.shape[-1] // 2
+    signs = torch.ones(sin.shape[-1], dtype=sin.dtype, device=sin.device)
+    signs[:half] = -1
+    return sin * signs
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
