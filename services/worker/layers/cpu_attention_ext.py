@@ -49,6 +49,7 @@ HEADERS = (
     SOURCE.with_name("avx512_bf16.h"),
     SOURCE.with_name("avx512_int8.h"),
     SOURCE.with_name("int_activations.h"),
+    SOURCE.with_name("layer_ops.h"),
 )  # not compiled alone, but part of the build's key
 BUILD_ROOT = Path(__file__).resolve().parents[3] / "build" / "cpu_attention"  # .gitignore'd
 # -fno-math-errno lets std::floor and friends vectorise; no -ffast-math: the kernel's

@@ -54,6 +54,8 @@
 #define HAS_AVX512_BF16 0
 #endif
 
+#include "layer_ops.h"
+
 namespace {
 
 // Tokens of one sequence per work item in a prefill chunk: 16 tokens x G heads of rows reuse
@@ -958,12 +960,26 @@ bool has_int16_queries() {
 
 }  // namespace
 
+namespace layerserve {  // layer_ops.h
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& query_start,
+                           const at::Tensor& context_lens, const at::Tensor& block_tables,
+                           int64_t window, double scale, bool avx512_bf16,
+                           const std::optional<at::Tensor>& k_scale,
+                           const std::optional<at::Tensor>& v_scale) {
+  return ::paged_attention(q, k_cache, v_cache, query_start, context_lens, block_tables, window,
+                           scale, avx512_bf16, k_scale, v_scale);
+}
+
+}  // namespace layerserve
+
 TORCH_LIBRARY(layerserve, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start, "
       "Tensor context_lens, Tensor block_tables, int window, float scale, bool avx512_bf16=True, "
       "Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
-  m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
+  m.impl("paged_attention", c10::DispatchKey::CPU, &layerserve::paged_attention);
   m.def("has_avx512_bf16() -> bool", &has_avx512_bf16);
   m.def("has_int16_queries() -> bool", &has_int16_queries);
 }

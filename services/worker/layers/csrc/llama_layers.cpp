@@ -2,61 +2,29 @@
 // compute, every linear 4-bit through q4_linear, or q4_q16_linear / q4_q8_linear for int16 /
 // int8 activations; a float32 or int8 KV cache): the loop of
 // model/flat_layers.py (FlatLayers.run) written out in C++, calling the very same ops in the same
-// order with the same arguments, so the same bits. A batch-1 step of SmolLM2 issues ~300 such
+// order with the same arguments, so the same bits. A batch-1 step of SmolLM2 issues ~400 such
 // calls; from Python each costs an interpreter frame or several (~1 ms a ~9 ms step), from here
-// a dispatcher call each.
+// a C++ call each (layer_ops.h: the ops' functions, not their dispatcher entries).
 //
 // Built into the same library as cpu_attention.cpp (cpu_attention_ext.py):
 // torch.ops.layerserve.llama_layers.
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <optional>
 #include <tuple>
 #include <vector>
 
+#include "layer_ops.h"
+
 namespace {
 
 using at::Tensor;
 using OptionalTensor = std::optional<Tensor>;
 
-// The ops, found once: the other files of this library register them.
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
-
-// The signatures are the registered functions' own (a mutable Tensor(a!) argument is taken by
-// value there), as the dispatcher's typed handles require.
-using Q4Linear = Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t);
-using RmsNorm = Tensor(const Tensor&, const Tensor&, double);
-using AddRmsNorm = Tensor(Tensor, const Tensor&, const Tensor&, double);
-using SiluMul = Tensor(Tensor);
-using RopeWriteKv = void(Tensor, Tensor, const Tensor&, const Tensor&, const Tensor&, Tensor,
-                         Tensor, const Tensor&, const OptionalTensor&, const OptionalTensor&);
-using PagedAttention = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              const Tensor&, const Tensor&, int64_t, double, bool,
-                              const OptionalTensor&, const OptionalTensor&);
-
-struct Ops {
-  c10::TypedOperatorHandle<Q4Linear> q4_linear = op<Q4Linear>("layerserve::q4_linear");
-  c10::TypedOperatorHandle<Q4Linear> q4_q8_linear = op<Q4Linear>("layerserve::q4_q8_linear");
-  c10::TypedOperatorHandle<Q4Linear> q4_q16_linear = op<Q4Linear>("layerserve::q4_q16_linear");
-  c10::TypedOperatorHandle<RmsNorm> rms_norm = op<RmsNorm>("layerserve::rms_norm");
-  c10::TypedOperatorHandle<AddRmsNorm> add_rms_norm_ = op<AddRmsNorm>("layerserve::add_rms_norm_");
-  c10::TypedOperatorHandle<SiluMul> silu_mul = op<SiluMul>("layerserve::silu_mul");
-  c10::TypedOperatorHandle<RopeWriteKv> rope_write_kv_ =
-      op<RopeWriteKv>("layerserve::rope_write_kv_");
-  c10::TypedOperatorHandle<PagedAttention> paged_attention =
-      op<PagedAttention>("layerserve::paged_attention");
-};
-
-const Ops& ops() {
-  static const Ops found;
-  return found;
-}
+// A linear's function for the layers' activations (layer_ops.h).
+using Linear = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, int64_t);
 
 // x [T, d]: the embedded tokens. Per layer i: norms[2i], norms[2i + 1] (input and post-attention
 // RMSNorm weights); linears qkv, o, gate_up, down as packed[4i + j], pairs[4i + j] with
@@ -88,35 +56,34 @@ std::tuple<Tensor, Tensor> llama_layers(
                   v_scale.size() == k_scale.size() && (!scaled || k_scale.size() == k_flat.size()),
               "layerserve::llama_layers: an int8 cache's four scale lists, one per layer each, "
               "or none");
-  const Ops& f = ops();
   TORCH_CHECK(activations == "float32" || activations == "int16" || activations == "int8",
               "layerserve::llama_layers: activations float32, int16 or int8, got ", activations);
-  const c10::TypedOperatorHandle<Q4Linear>& linear = activations == "int8"    ? f.q4_q8_linear
-                                                     : activations == "int16" ? f.q4_q16_linear
-                                                                              : f.q4_linear;
+  const Linear linear = activations == "int8"    ? layerserve::q4_q8_linear
+                        : activations == "int16" ? layerserve::q4_q16_linear
+                                                 : layerserve::q4_linear;
   const int64_t tokens = x.size(0), heads = shape[0], kv_heads = shape[1], dim = shape[2];
   const std::vector<int64_t> split = {heads, kv_heads, kv_heads};
   const OptionalTensor none;
   Tensor residual = x, hidden = x;
   for (int64_t i = 0; i < layers; ++i) {
-    Tensor h = i == 0 ? f.rms_norm.call(x, norms[0], eps)
-                      : f.add_rms_norm_.call(residual, hidden, norms[2 * i], eps);
-    const Tensor qkv = linear.call(h, packed[4 * i], pairs[4 * i], out_rows[4 * i])
+    Tensor h = i == 0 ? layerserve::rms_norm(x, norms[0], eps)
+                      : layerserve::add_rms_norm_(residual, hidden, norms[2 * i], eps);
+    const Tensor qkv = linear(h, packed[4 * i], pairs[4 * i], out_rows[4 * i])
                            .view({tokens, -1, dim});
     std::vector<Tensor> parts = qkv.split_with_sizes(split, 1);
-    f.rope_write_kv_.call(parts[0], parts[1], parts[2], cos, sin, k_flat[i], v_flat[i],
+    layerserve::rope_write_kv_(parts[0], parts[1], parts[2], cos, sin, k_flat[i], v_flat[i],
                           slot_mapping, scaled ? OptionalTensor(k_scale_flat[i]) : none,
                           scaled ? OptionalTensor(v_scale_flat[i]) : none);
-    const Tensor out = f.paged_attention.call(
+    const Tensor out = layerserve::paged_attention(
         parts[0], k_cache[i], v_cache[i], query_start, context_lens, block_tables, 0, scale,
         avx512_bf16, scaled ? OptionalTensor(k_scale[i]) : none,
         scaled ? OptionalTensor(v_scale[i]) : none);
-    h = linear.call(out.reshape({tokens, heads * dim}), packed[4 * i + 1],
+    h = linear(out.reshape({tokens, heads * dim}), packed[4 * i + 1],
                          pairs[4 * i + 1], out_rows[4 * i + 1]);
-    h = f.add_rms_norm_.call(residual, h, norms[2 * i + 1], eps);
+    h = layerserve::add_rms_norm_(residual, h, norms[2 * i + 1], eps);
     const Tensor gate_up =
-        linear.call(h, packed[4 * i + 2], pairs[4 * i + 2], out_rows[4 * i + 2]);
-    hidden = linear.call(f.silu_mul.call(gate_up), packed[4 * i + 3], pairs[4 * i + 3],
+        linear(h, packed[4 * i + 2], pairs[4 * i + 2], out_rows[4 * i + 2]);
+    hidden = linear(layerserve::silu_mul(gate_up), packed[4 * i + 3], pairs[4 * i + 3],
                               out_rows[4 * i + 3]);
   }
   return {hidden, residual};

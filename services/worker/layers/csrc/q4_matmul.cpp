@@ -49,6 +49,8 @@
 #include <immintrin.h>
 #endif
 
+#include "layer_ops.h"
+
 namespace {
 
 constexpr int64_t kGroup = 32;  // weights per group (a GGUF Q4 block)
@@ -394,7 +396,16 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
 
 }  // namespace
 
+namespace layerserve {  // layer_ops.h
+
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& pairs,
+                     int64_t n) {
+  return ::q4_linear(x, packed, pairs, n);
+}
+
+}  // namespace layerserve
+
 TORCH_LIBRARY_FRAGMENT(layerserve, m) {
   m.def("q4_linear(Tensor x, Tensor packed, Tensor pairs, int n) -> Tensor");
-  m.impl("q4_linear", c10::DispatchKey::CPU, &q4_linear);
+  m.impl("q4_linear", c10::DispatchKey::CPU, &layerserve::q4_linear);
 }

@@ -47,6 +47,8 @@
 
 #include "int_activations.h"
 
+#include "layer_ops.h"
+
 namespace {
 
 // The layout above, for int_activations.h's kernel.
@@ -78,10 +80,24 @@ std::string instruction_set() { return int_activations::instruction_set(); }
 
 }  // namespace
 
+namespace layerserve {  // layer_ops.h
+
+at::Tensor q4_q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& pairs,
+                        int64_t n) {
+  return ::q4_q8_linear(x, packed, pairs, n);
+}
+
+at::Tensor q4_q16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& pairs,
+                         int64_t n) {
+  return ::q4_q16_linear(x, packed, pairs, n);
+}
+
+}  // namespace layerserve
+
 TORCH_LIBRARY_FRAGMENT(layerserve, m) {
   m.def("q4_q8_linear(Tensor x, Tensor packed, Tensor pairs, int n) -> Tensor");
-  m.impl("q4_q8_linear", c10::DispatchKey::CPU, &q4_q8_linear);
+  m.impl("q4_q8_linear", c10::DispatchKey::CPU, &layerserve::q4_q8_linear);
   m.def("q4_q16_linear(Tensor x, Tensor packed, Tensor pairs, int n) -> Tensor");
-  m.impl("q4_q16_linear", c10::DispatchKey::CPU, &q4_q16_linear);
+  m.impl("q4_q16_linear", c10::DispatchKey::CPU, &layerserve::q4_q16_linear);
   m.def("int_activations_isa() -> str", &instruction_set);
 }

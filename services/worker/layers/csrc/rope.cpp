@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "layer_ops.h"
+
 namespace {
 
 template <typename T>

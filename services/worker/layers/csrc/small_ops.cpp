@@ -32,7 +32,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
+
+#include "layer_ops.h"
 
 namespace {
 
@@ -292,11 +295,26 @@ at::Tensor add_rms_norm_(at::Tensor residual, const at::Tensor& x, const at::Ten
 
 }  // namespace
 
+namespace layerserve {  // layer_ops.h
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return ::rms_norm(x, weight, eps);
+}
+
+at::Tensor add_rms_norm_(at::Tensor residual, const at::Tensor& x, const at::Tensor& weight,
+                         double eps) {
+  return ::add_rms_norm_(std::move(residual), x, weight, eps);
+}
+
+at::Tensor silu_mul(at::Tensor gate_up) { return ::silu_mul(std::move(gate_up)); }
+
+}  // namespace layerserve
+
 TORCH_LIBRARY_FRAGMENT(layerserve, m) {
   m.def("silu_mul(Tensor(a!) gate_up) -> Tensor");
-  m.impl("silu_mul", c10::DispatchKey::CPU, &silu_mul);
+  m.impl("silu_mul", c10::DispatchKey::CPU, &layerserve::silu_mul);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
-  m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
+  m.impl("rms_norm", c10::DispatchKey::CPU, &layerserve::rms_norm);
   m.def("add_rms_norm_(Tensor(a!) residual, Tensor x, Tensor weight, float eps) -> Tensor");
-  m.impl("add_rms_norm_", c10::DispatchKey::CPU, &add_rms_norm_);
+  m.impl("add_rms_norm_", c10::DispatchKey::CPU, &layerserve::add_rms_norm_);
 }
