@@ -905,6 +905,22 @@ at::Tensor& attend_int8(const Layout& layout, const at::Tensor& q, const at::Ten
   return out;
 }
 
+// Whether this build has avx512_bf16.h's passes (compiled for a CPU with AVX512-BF16).
+bool has_avx512_bf16() { return HAS_AVX512_BF16; }
+
+// Whether a decode's queries over an int8 cache are scored as int16 (avx512_int8.h's score16).
+bool has_int16_queries() {
+#if HAS_AVX512_BF16 && defined(__AVX512VNNI__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+namespace layerserve {  // layer_ops.h
+
 // q [T, H, D], caches [num_blocks, block_size, Hkv, D] (the step's K/V already written),
 // query_start [S + 1], context_lens [S], block_tables [S, max_blocks] (int64; -1 entries only
 // outside each query's window) -> out [T, H, D]. window <= 0: every earlier key. avx512_bf16:
@@ -944,32 +960,6 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                   q.scalar_type());
   }
   return out;
-}
-
-// Whether this build has avx512_bf16.h's passes (compiled for a CPU with AVX512-BF16).
-bool has_avx512_bf16() { return HAS_AVX512_BF16; }
-
-// Whether a decode's queries over an int8 cache are scored as int16 (avx512_int8.h's score16).
-bool has_int16_queries() {
-#if HAS_AVX512_BF16 && defined(__AVX512VNNI__)
-  return true;
-#else
-  return false;
-#endif
-}
-
-}  // namespace
-
-namespace layerserve {  // layer_ops.h
-
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                           const at::Tensor& v_cache, const at::Tensor& query_start,
-                           const at::Tensor& context_lens, const at::Tensor& block_tables,
-                           int64_t window, double scale, bool avx512_bf16,
-                           const std::optional<at::Tensor>& k_scale,
-                           const std::optional<at::Tensor>& v_scale) {
-  return ::paged_attention(q, k_cache, v_cache, query_start, context_lens, block_tables, window,
-                           scale, avx512_bf16, k_scale, v_scale);
 }
 
 }  // namespace layerserve

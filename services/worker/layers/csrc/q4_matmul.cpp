@@ -377,6 +377,10 @@ void check(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& pair
               "contiguous, got ", pairs.sizes(), " ", pairs.scalar_type());
 }
 
+}  // namespace
+
+namespace layerserve {  // layer_ops.h
+
 // x [M, K] float32; packed and pairs as int4_weight.pack_q4_columns makes them; n: the weight's
 // rows (the last block may be partly padding) -> [M, n] float32.
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& pairs,
@@ -392,15 +396,6 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
     multiply(xp, rows, k, q, pairs.data_ptr<float>(), n, out.data_ptr<float>());
   }
   return out;
-}
-
-}  // namespace
-
-namespace layerserve {  // layer_ops.h
-
-at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& pairs,
-                     int64_t n) {
-  return ::q4_linear(x, packed, pairs, n);
 }
 
 }  // namespace layerserve

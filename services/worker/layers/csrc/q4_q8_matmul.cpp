@@ -64,6 +64,12 @@ struct Q4Weights {
   }
 };
 
+std::string instruction_set() { return int_activations::instruction_set(); }
+
+}  // namespace
+
+namespace layerserve {  // layer_ops.h
+
 // x [M, K] float32; packed and pairs as int8_activations.pack_q4_q8 makes them; n: the weight's
 // rows (the last unit may be partly padding) -> [M, n] float32.
 at::Tensor q4_q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& pairs,
@@ -74,22 +80,6 @@ at::Tensor q4_q8_linear(const at::Tensor& x, const at::Tensor& packed, const at:
 at::Tensor q4_q16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& pairs,
                          int64_t n) {
   return int_activations::linear<Q4Weights, int16_t>("q4_q16_linear", x, packed, pairs, n);
-}
-
-std::string instruction_set() { return int_activations::instruction_set(); }
-
-}  // namespace
-
-namespace layerserve {  // layer_ops.h
-
-at::Tensor q4_q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& pairs,
-                        int64_t n) {
-  return ::q4_q8_linear(x, packed, pairs, n);
-}
-
-at::Tensor q4_q16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& pairs,
-                         int64_t n) {
-  return ::q4_q16_linear(x, packed, pairs, n);
 }
 
 }  // namespace layerserve
