@@ -5,7 +5,9 @@ min-p, a seed each, as real clients send), steps interleaved so both see the sam
     PYTHONPATH=. .venv/bin/python -m benchmarks.sampling_cost [--batch 64] [--steps 12]
 
 The sampler is also timed inside the sampled steps, on the model's real logits: its share of
-the step is sampler time / sampled step time.
+the step is sampler time / sampled step time. On the same logits after each step, alternating:
+the sampler with the C++ ops (csrc/sampling_ops.cpp: candidates and argmax), the sampler with
+torch's ops in their place, and the sort-based draw from before issue 18.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from benchmarks.model_decode import _Batch
 from benchmarks.offline import BLOCK_SIZE, make_runner
 from services.common.sampling import SamplingOptions
+from services.worker.engine import sampler as sampler_module
 from services.worker.engine.sampler import Sampler, row_seed, sampling_probs
 
 
@@ -98,32 +101,55 @@ def main() -> None:
     timed = runner._sampler = TimedSampler()
     greedy = _Batch(runner, prompts, "greedy")
     sampled = _Batch(runner, prompts, "sampled", options)
-    times: dict[str, list[float]] = {"greedy": [], "sampled": [], "sampler": [], "before": []}
+    times: dict[str, list[float]] = {
+        "greedy": [], "sampled": [], "sampler": [], "C++ ops": [], "torch ops": [], "before": []
+    }  # fmt: skip
     for _ in range(args.steps):
         for name, batch in (("greedy", greedy), ("sampled", sampled)):
             started = time.perf_counter()
             batch.step()
             times[name].append(time.perf_counter() - started)
         times["sampler"].append(timed.seconds[-1])  # the sampled step's
+        logits, step_options, counts = timed.last
+        times["C++ ops"].append(sample_seconds(logits, step_options, counts, native=True))
+        times["torch ops"].append(sample_seconds(logits, step_options, counts, native=False))
         started = time.perf_counter()
         sort_based_draw(*timed.last)  # the same logits, after the step
         times["before"].append(time.perf_counter() - started)
     greedy.finish()
     sampled.finish()
-    g, s, a, b = (
-        1e3 * statistics.median(times[k]) for k in ("greedy", "sampled", "sampler", "before")
+    g, s, a, n, t, b = (
+        1e3 * statistics.median(times[k])
+        for k in ("greedy", "sampled", "sampler", "C++ ops", "torch ops", "before")
     )
     load = os.getloadavg()[0]
     print(f"batch {args.batch}, context {args.context}, {args.threads} thread(s), load {load:.1f}")
     print(
         "| decode step greedy | decode step sampled | sampled / greedy | sampler | share "
-        "| sort-based draw (before) | its share |"
+        "| after the step: C++ ops | torch ops | sort-based draw (before) | its share |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print(
         f"| {g:.1f} ms | {s:.1f} ms | {s / g:.3f} | {a:.2f} ms | {a / s:.1%} "
-        f"| {b:.2f} ms | {b / (s - a + b):.1%} |"
+        f"| {n:.2f} ms | {t:.2f} ms | {b:.2f} ms | {b / (s - a + b):.1%} |"
     )
+
+
+def sample_seconds(
+    logits, options: list[SamplingOptions], counts: list[int], native: bool
+) -> float:
+    """Seconds of the sampler on these logits, with the C++ sampling ops or torch's in their
+    place (topk, logsumexp, argmax)."""
+    ops = sampler_module._native_ops
+    if not native:
+        sampler_module._native_ops = lambda: False
+    try:
+        outputs = [[0] * count for count in counts]
+        started = time.perf_counter()
+        Sampler().sample(logits, options, [[] for _ in options], outputs)
+        return time.perf_counter() - started
+    finally:
+        sampler_module._native_ops = ops
 
 
 if __name__ == "__main__":

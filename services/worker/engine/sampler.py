@@ -89,19 +89,16 @@ class Sampler:
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))  # a copy
         random_rows = [i for i, o in enumerate(options) if o.temperature >= GREEDY_BELOW]
-        if len(random_rows) < len(options):
-            tokens = _argmax(logits)  # [N], final for greedy rows
-        else:  # no greedy row: an argmax over the vocabulary (~80 us a row) for nothing
-            tokens = torch.empty(len(options), dtype=torch.int64, device=logits.device)
-        if random_rows:
-            chosen = [options[i] for i in random_rows]
-            counts = [len(output_token_ids[i]) for i in random_rows]
-            u = uniforms([o.seed for o in chosen], counts).to(logits.device)
-            if len(random_rows) == len(options):  # draw() never writes to its logits
-                tokens = draw(logits, chosen, u)
-            else:
-                index = torch.tensor(random_rows, device=logits.device)
-                tokens[index] = draw(logits[index], chosen, u)
+        if not random_rows:
+            return _package(_argmax(logits), logprobs, options)
+        chosen = [options[i] for i in random_rows]
+        counts = [len(output_token_ids[i]) for i in random_rows]
+        u = uniforms([o.seed for o in chosen], counts).to(logits.device)
+        if len(random_rows) == len(options):  # no argmax for nothing; draw() only reads logits
+            return _package(draw(logits, chosen, u), logprobs, options)
+        tokens = _argmax(logits)  # [N], final for the greedy rows
+        index = torch.tensor(random_rows, device=logits.device)
+        tokens[index] = draw(logits[index], chosen, u)
         return _package(tokens, logprobs, options)
 
 
@@ -156,7 +153,7 @@ def _top_candidates(
     """The k largest logits / temperature per row, most likely first, their ids and each row's
     logsumexp: (values [R, k], ids [R, k], lse [R]). On the CPU one C++ op
     (csrc/sampling_ops.cpp) where the extension is built, ~6x faster than these torch ops."""
-    if logits.device.type == "cpu" and _native_candidates():
+    if logits.device.type == "cpu" and _native_ops():
         return torch.ops.layerserve.top_candidates(logits, temperature.float(), k)
     scaled = logits / temperature[:, None]
     values, ids = scaled.topk(k, dim=-1)
@@ -166,13 +163,13 @@ def _top_candidates(
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits [N, V] -> each row's first largest index [N]: torch.argmax's answer, on the CPU
     by one C++ op where the extension is built (~8x faster on 49k logits)."""
-    if logits.device.type == "cpu" and _native_candidates():
+    if logits.device.type == "cpu" and _native_ops():
         return torch.ops.layerserve.argmax_rows(logits)
     return logits.argmax(dim=-1)
 
 
 @functools.cache
-def _native_candidates() -> bool:
+def _native_ops() -> bool:
     """Whether the C++ sampling ops (csrc/sampling_ops.cpp) are built and loaded."""
     from services.worker.layers import cpu_attention_ext
 

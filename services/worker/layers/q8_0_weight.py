@@ -107,7 +107,7 @@ class Q8_0Weight(QuantizedWeight):
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and hasattr(torch.ops.layerserve, "q8_0_rows"):
             rows = torch.ops.layerserve.q8_0_rows(
-                self.packed, self.packed_scales, ids.reshape(-1), self.out_features
+                self.packed, self.packed_scales, ids.reshape(-1).long(), self.out_features
             )  # one op (csrc/q8_0_q8_matmul.cpp), the same values as below
             return rows.view(*ids.shape, rows.shape[-1])
         return _dequantize(*self._rows(ids))

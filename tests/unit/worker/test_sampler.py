@@ -190,10 +190,10 @@ def candidates_op(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     topk and logsumexp (CUDA's, and the CPU's without the extension)."""
     if request.param == "native":
         request.getfixturevalue("cpu_extension")
-        sampler._native_candidates.cache_clear()
-        assert sampler._native_candidates()
+        sampler._native_ops.cache_clear()
+        assert sampler._native_ops()
     else:
-        monkeypatch.setattr(sampler, "_native_candidates", lambda: False)
+        monkeypatch.setattr(sampler, "_native_ops", lambda: False)
     return request.param
 
 
@@ -241,7 +241,7 @@ def test_the_caller_logits_are_not_changed(candidates_op: str) -> None:
     assert torch.equal(logits, before)
 
 
-def test_the_native_candidates_are_torchs(cpu_extension: None) -> None:
+def test_the_native_ops_are_torchs(cpu_extension: None) -> None:
     """top_candidates against torch: the k largest logits / T (values bit for bit, best
     first), their ids, and the row's logsumexp; a tie goes to the lower token id."""
     x = torch.randn(3, 49152, generator=torch.Generator().manual_seed(3)) * 4

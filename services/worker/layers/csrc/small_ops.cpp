@@ -32,7 +32,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "layer_ops.h"
@@ -89,16 +88,6 @@ bool silu_matches_torch() {
   return matches;
 }
 #endif
-
-at::Tensor silu_mul(at::Tensor gate_up) {
-#if defined(__AVX2__) && defined(__FMA__)
-  if (gate_up.scalar_type() == at::kFloat && gate_up.dim() == 2 && gate_up.is_contiguous() &&
-      gate_up.size(1) % 16 == 0 && silu_matches_torch()) {
-    return written_silu_mul(gate_up);
-  }
-#endif
-  return aten_silu_mul(gate_up);
-}
 
 // torch's float sum is AVX2's Vectorized<float> of 8 lanes, on AVX512 CPUs too (measured: its
 // bits match 8 lanes, not 16, with torch 2.13 on an AVX512 CPU).
@@ -275,6 +264,21 @@ bool matches_torch() {
   return matches;
 }
 
+}  // namespace
+
+namespace layerserve {  // layer_ops.h
+
+// [T, 2I] (gate | up) -> silu(gate) * up [T, I]: written out where it gives torch's bits.
+at::Tensor silu_mul(at::Tensor gate_up) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (gate_up.scalar_type() == at::kFloat && gate_up.dim() == 2 && gate_up.is_contiguous() &&
+      gate_up.size(1) % 16 == 0 && silu_matches_torch()) {
+    return written_silu_mul(gate_up);
+  }
+#endif
+  return aten_silu_mul(gate_up);
+}
+
 // x [T, d] -> [T, d], torch_ops.rms_norm's bits.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check(x, weight);
@@ -292,21 +296,6 @@ at::Tensor add_rms_norm_(at::Tensor residual, const at::Tensor& x, const at::Ten
   if (!matches_torch()) return aten_rms_norm(residual.add_(x), weight, eps);
   return normed(x, &residual, weight, eps);
 }
-
-}  // namespace
-
-namespace layerserve {  // layer_ops.h
-
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  return ::rms_norm(x, weight, eps);
-}
-
-at::Tensor add_rms_norm_(at::Tensor residual, const at::Tensor& x, const at::Tensor& weight,
-                         double eps) {
-  return ::add_rms_norm_(std::move(residual), x, weight, eps);
-}
-
-at::Tensor silu_mul(at::Tensor gate_up) { return ::silu_mul(std::move(gate_up)); }
 
 }  // namespace layerserve
 
