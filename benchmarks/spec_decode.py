@@ -328,9 +328,19 @@ def main() -> None:
         default="float32",
         help="the greedy correctness gate's dtype (none: skip it)",
     )
+    parser.add_argument(
+        "--amx-tiles",
+        choices=("on", "off"),
+        default="on",
+        help="off: the integer-activation linears stay on the vector kernel at every row count "
+        "(the same bits; on an AMX CPU, a verify step's linears and head run on tiles)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    from services.worker.layers.int8_activations import amx_tiles
+
+    print(f"AMX tiles for calls of 4+ rows: {amx_tiles(args.amx_tiles == 'on')}")
     from services.tokenizer.loader import load_tokenizer
     from services.worker.dtype_choice import resolve_dtype
     from services.worker.model.loader import default_path, load_model

@@ -90,6 +90,17 @@ def instruction_set() -> str:
     return str(torch.ops.layerserve.int_activations_isa())
 
 
+def amx_tiles(use: bool | None = None) -> bool:
+    """Whether the integer-activation ops multiply calls of 4 rows or more on AMX tiles (the
+    same bits as the vector kernel, csrc/int_activations.h); `use` turns that off or back on.
+    False where the extension was built without AMX or the OS does not grant it."""
+    from services.worker.layers import cpu_attention_ext
+
+    if not cpu_attention_ext.load():
+        return False
+    return bool(torch.ops.layerserve.int_activations_amx(use))
+
+
 def simd_built() -> bool:
     """Whether the integer-activation ops run vector integer sums (AVX512-VNNI or AVX2)."""
     return instruction_set() in ("avx512_vnni", "avx2")

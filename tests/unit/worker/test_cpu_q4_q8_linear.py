@@ -33,6 +33,7 @@ from services.worker.layers.int8_activations import (
     INT16,
     INT16ACT,
     IntActivationsOp,
+    amx_tiles,
     instruction_set,
     pack_q4_q8,
     pack_q8_0_q8,
@@ -88,6 +89,36 @@ def test_the_default_sums_integers_with_the_cpus_vector_instructions() -> None:
         assert isa == "plain"
     kernel = int4_kernel("auto", torch.device("cpu"), torch.float32)
     assert kernel is (INT16ACT if isa != "plain" else Q4_OP)
+
+
+def test_amx_tiles_are_used_where_the_cpu_has_them_and_give_the_vector_kernels_bits() -> None:
+    """On a CPU with AMX tiles (and a kernel that grants them), calls of 4 rows or more go
+    through the tiles: every output is the VNNI kernel's bit for bit (a verify step still
+    reproduces plain steps), for 4-bit and Q8_0 weights, int8 and int16 activations, row
+    counts around the tile's 16 rows, an output count that is not a multiple of 32."""
+    flags = set(cpu_attention_ext._cpu_flags().split())
+    if not {"amx_tile", "amx_int8", "avx512_vnni"} <= flags:
+        assert not amx_tiles()
+        pytest.skip("this CPU has no AMX tiles (the vector kernel's bits are tested above)")
+    assert amx_tiles()
+    groups = _groups(200, 1152, seed=3, float16=True)
+    q8 = torch.randint(-127, 128, (70, 576), generator=torch.Generator().manual_seed(4))
+    q8_packed = pack_q8_0_q8(q8.to(torch.int8), torch.rand(70, 18).half().float())
+    try:
+        for rows in (4, 9, 16, 17, 40):
+            for kind in KINDS:
+                x = _rows(rows, 1152, seed=rows)
+                x8 = _rows(rows, 576, seed=rows + 1)
+                q8_op = torch.ops.layerserve.q8_0_q8_linear
+                if kind is INT16ACT:
+                    q8_op = torch.ops.layerserve.q8_0_q16_linear
+                amx_tiles(True)
+                tiles = _op(x, groups, kind), q8_op(x8, *q8_packed, 70)
+                amx_tiles(False)
+                vectors = _op(x, groups, kind), q8_op(x8, *q8_packed, 70)
+                assert torch.equal(tiles[0], vectors[0]) and torch.equal(tiles[1], vectors[1])
+    finally:
+        amx_tiles(True)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)

@@ -90,4 +90,5 @@ TORCH_LIBRARY_FRAGMENT(layerserve, m) {
   m.def("q4_q16_linear(Tensor x, Tensor packed, Tensor pairs, int n) -> Tensor");
   m.impl("q4_q16_linear", c10::DispatchKey::CPU, &layerserve::q4_q16_linear);
   m.def("int_activations_isa() -> str", &instruction_set);
+  m.def("int_activations_amx(bool? use=None) -> bool", &int_activations::use_amx);
 }
