@@ -22,8 +22,10 @@ Prints a Markdown table.
 
 Then, per --step-rows, one decode step's 4-bit linears as the model runs them (30 layers of
 fused qkv 960 x 576, o 576 x 576, fused gate_up 3072 x 576 and down 576 x 1536: 120 calls, 53 MB
-of weights read from memory) with each op: the median of --passes steps, each step's total by
-this thread's CPU time with one thread, by wall clock with more.
+of weights read from memory) with each op (int16act twice on a CPU with AMX: the vector
+kernel alone, and with AMX tiles from 4 rows, the default there): the median of --passes
+steps, each step's total by this thread's CPU time with one thread, by wall clock with more.
+(The per-call table above runs each op as the worker would: with tiles where there are.)
 
 Then, per --head-rows, SmolLM2's Q8_0 head (49152 x 576, Q8_0Weight) with float32 activations
 (q8_0_linear up to 32 rows, BLAS slices above), int16 and int8 (q8_0_q16_linear,
@@ -42,7 +44,7 @@ import torch.nn.functional as F
 from services.worker.layers import cpu_attention_ext
 from services.worker.layers.gguf_quant import GroupQuant
 from services.worker.layers.int4_weight import DEQUANT, Q4_OP, Int4Weight, quantize_int4
-from services.worker.layers.int8_activations import INT8ACT, INT16ACT
+from services.worker.layers.int8_activations import INT8ACT, INT16ACT, amx_tiles
 from services.worker.layers.q8_0_weight import Q8_0Weight
 
 SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536))  # (out, in)
@@ -146,22 +148,39 @@ def decode_steps(step_rows: list[int], passes: int, one: bool, flush: torch.Tens
     ]
     clock = time.thread_time if one else time.perf_counter
     print()
-    print("| decode step, 120 linears | rows | q4_linear ms | int8act ms | int16act ms |")
-    print("| --- | --- | --- | --- | --- |")
-    for rows in step_rows:
-        inputs = {cols: torch.randn(rows, cols) for _, cols in STEP_SHAPES}
-        ops = {"q4": (Q4_OP, 0), "int8act": (INT8ACT, 2), "int16act": (INT16ACT, 3)}
-        times: dict[str, list[float]] = {name: [] for name in ops}
-        for _ in range(passes):
-            for name, (op, index) in ops.items():
-                flush.add_(1.0)
-                started = clock()
-                for layer in layers:
-                    for (_, cols), weights in zip(STEP_SHAPES, layer, strict=True):
-                        op(inputs[cols], weights[index])
-                times[name].append((clock() - started) * 1e3)
-        q4, int8, int16 = (statistics.median(times[name]) for name in ops)
-        print(f"| {LAYERS} layers | {rows} | {q4:.2f} | {int8:.2f} | {int16:.2f} |", flush=True)
+    tiles = amx_tiles()
+    print(
+        "| decode step, 120 linears | rows | q4_linear ms | int8act ms | int16act ms "
+        "| int16act, AMX tiles from 4 rows ms |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    # (kernel, index of its weight, AMX tiles on): the vector kernel alone, then with tiles
+    ops = {
+        "q4": (Q4_OP, 0, False),
+        "int8act": (INT8ACT, 2, False),
+        "int16act": (INT16ACT, 3, False),
+        "int16act tiles": (INT16ACT, 3, True),
+    }
+    if not tiles:
+        del ops["int16act tiles"]
+    try:
+        for rows in step_rows:
+            inputs = {cols: torch.randn(rows, cols) for _, cols in STEP_SHAPES}
+            times: dict[str, list[float]] = {name: [] for name in ops}
+            for _ in range(passes):
+                for name, (op, index, on) in ops.items():
+                    amx_tiles(on)
+                    flush.add_(1.0)
+                    started = clock()
+                    for layer in layers:
+                        for (_, cols), weights in zip(STEP_SHAPES, layer, strict=True):
+                            op(inputs[cols], weights[index])
+                    times[name].append((clock() - started) * 1e3)
+            cells = [f"{statistics.median(times[name]):.2f}" for name in ops]
+            cells += [] if tiles else ["no AMX"]
+            print(f"| {LAYERS} layers | {rows} | " + " | ".join(cells) + " |", flush=True)
+    finally:
+        amx_tiles(tiles)
 
 
 def head(head_rows: list[int], passes: int, one: bool, flush: torch.Tensor) -> None:
@@ -173,20 +192,27 @@ def head(head_rows: list[int], passes: int, one: bool, flush: torch.Tensor) -> N
     kinds = ("float32", "int16", "int8")
     weights = {kind: Q8_0Weight(groups, activations=kind) for kind in kinds}
     clock = time.thread_time if one else time.perf_counter
+    tiles = amx_tiles()
+    runs = [(kind, kind, False) for kind in kinds] + ([("int16 tiles", "int16", True)] * tiles)
     print()
-    print("| head 49152 x 576 | rows | float32 ms | int16 ms | int8 ms |")
-    print("| --- | --- | --- | --- | --- |")
-    for rows in head_rows:
-        x = torch.randn(rows, cols)
-        times: dict[str, list[float]] = {kind: [] for kind in kinds}
-        for _ in range(passes):
-            for kind in kinds:
-                flush.add_(1.0)
-                started = clock()
-                F.linear(x, weights[kind])
-                times[kind].append((clock() - started) * 1e3)
-        cells = " | ".join(f"{statistics.median(times[kind]):.2f}" for kind in kinds)
-        print(f"| Q8_0 | {rows} | {cells} |", flush=True)
+    print("| head 49152 x 576 | rows | float32 ms | int16 ms | int8 ms | int16, AMX tiles ms |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    try:
+        for rows in head_rows:
+            x = torch.randn(rows, cols)
+            times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
+            for _ in range(passes):
+                for name, kind, on in runs:
+                    amx_tiles(on)
+                    flush.add_(1.0)
+                    started = clock()
+                    F.linear(x, weights[kind])
+                    times[name].append((clock() - started) * 1e3)
+            cells = [f"{statistics.median(times[name]):.2f}" for name, _, _ in runs]
+            cells += [] if tiles else ["no AMX"]
+            print(f"| Q8_0 | {rows} | " + " | ".join(cells) + " |", flush=True)
+    finally:
+        amx_tiles(tiles)
 
 
 if __name__ == "__main__":
