@@ -299,9 +299,9 @@ void unit_rows(const uint8_t* w, const P* scales, int64_t groups, int64_t k, Row
 // renamed, so a group's tile operations wait for the last group's stores (~32 ns a group and
 // unit at any row count, Sapphire Rapids); the epilogue of group g runs while the tiles of the
 // next kAmxAhead groups are in flight, and a unit's epilogues prefetch the next unit's weights.
-// Measured (benchmarks.q4_linear's step shapes, 1 thread, vector kernel -> tiles): a step's 4-bit
-// linears 14.8 -> 12.7 ms at 9 rows, 22.0 -> 17.9 at 16, 74.6 -> 56.1 at 64; the Q8_0 head 4.8 ->
-// 3.8 ms at 9 rows. Below 4 rows the vector kernel is as fast.
+// Measured (benchmarks.q4_linear, 1 thread, vector kernel -> tiles, docs/benchmarks.md session
+// 17): a step's 4-bit linears 15.1 -> 14.3 ms at 9 rows, 71.4 -> 67.2 at 64; the Q8_0 head 4.9 ->
+// 4.2 ms at 9 rows, 20.3 -> 15.7 at 64. Below 4 rows the vector kernel is as fast.
 constexpr int64_t kAmxMinRows = 4;
 constexpr int kAmxTileRows = 16;      // activation rows a tile (AMX's most)
 constexpr int64_t kAmxAhead = 2;  // groups whose tile operations run ahead of the epilogue
@@ -396,34 +396,31 @@ struct AmxTile {
   static constexpr int kSums = 2 * sizeof(T) * kAmxTileRows * 16;  // int32 a group
 };
 
-// Groups [g0, g1): the int32 sums through the tiles into sums ([group][half][plane][row][16]).
+// Group g's int32 sums through the tiles into s ([half][plane][row][16]).
 template <typename T, typename P>
-void amx_sums(const AmxTile<T, P>& t, int64_t g0, int64_t g1, int32_t* sums) {
-  for (int64_t g = g0; g < g1; ++g) {
-    int32_t* s = sums + (g - g0) * t.kSums;
-    _tile_loadd(2, t.b + g * 2 * kTileBytes, 64);
-    _tile_loadd(3, t.b + (g * 2 + 1) * kTileBytes, 64);
-    _tile_loadd(0, t.planes[0] + t.r0 * t.k + g * kGroup, t.k);
-    _tile_zero(4);
-    _tile_zero(6);
-    if constexpr (sizeof(T) == 1) {
-      _tile_dpbssd(4, 0, 2);
-      _tile_dpbssd(6, 0, 3);
-      _tile_stored(4, s, 64);
-      _tile_stored(6, s + 256, 64);
-    } else {
-      _tile_loadd(1, t.planes[1] + t.r0 * t.k + g * kGroup, t.k);
-      _tile_zero(5);
-      _tile_zero(7);
-      _tile_dpbusd(4, 0, 2);
-      _tile_dpbssd(5, 1, 2);
-      _tile_dpbusd(6, 0, 3);
-      _tile_dpbssd(7, 1, 3);
-      _tile_stored(4, s, 64);
-      _tile_stored(5, s + 256, 64);
-      _tile_stored(6, s + 512, 64);
-      _tile_stored(7, s + 768, 64);
-    }
+void amx_sums(const AmxTile<T, P>& t, int64_t g, int32_t* s) {
+  _tile_loadd(2, t.b + g * 2 * kTileBytes, 64);
+  _tile_loadd(3, t.b + (g * 2 + 1) * kTileBytes, 64);
+  _tile_loadd(0, t.planes[0] + t.r0 * t.k + g * kGroup, t.k);
+  _tile_zero(4);
+  _tile_zero(6);
+  if constexpr (sizeof(T) == 1) {
+    _tile_dpbssd(4, 0, 2);
+    _tile_dpbssd(6, 0, 3);
+    _tile_stored(4, s, 64);
+    _tile_stored(6, s + 256, 64);
+  } else {
+    _tile_loadd(1, t.planes[1] + t.r0 * t.k + g * kGroup, t.k);
+    _tile_zero(5);
+    _tile_zero(7);
+    _tile_dpbusd(4, 0, 2);
+    _tile_dpbssd(5, 1, 2);
+    _tile_dpbusd(6, 0, 3);
+    _tile_dpbssd(7, 1, 3);
+    _tile_stored(4, s, 64);
+    _tile_stored(5, s + 256, 64);
+    _tile_stored(6, s + 512, 64);
+    _tile_stored(7, s + 768, 64);
   }
 }
 
@@ -497,7 +494,7 @@ void multiply_amx(const Quantized<T>& q, int64_t rows, int64_t k, const uint8_t*
         // (tile registers are not renamed: a group's sums wait for the last group's store).
         const int64_t share = (unit_bytes / groups + 63) / 64 * 64;
         for (int64_t g = 0; g < groups + kAmxAhead; ++g) {
-          if (g < groups) amx_sums(t, g, g + 1, sums.data() + (g % kAmxSlots) * kSums);
+          if (g < groups) amx_sums(t, g, sums.data() + (g % kAmxSlots) * kSums);
           if (next != nullptr && r0 == 0 && g < groups) {  // the next unit's weights, a share a group
             for (int64_t at = g * share; at < std::min(unit_bytes, (g + 1) * share); at += 64)
               _mm_prefetch(reinterpret_cast<const char*>(next + at), _MM_HINT_T1);
