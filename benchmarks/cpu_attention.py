@@ -8,7 +8,7 @@ float32's bytes.
 Two tables, all backends interleaved (so all see the same machine); "widened" is the extension
 with bf16 keys and values widened to float32 first (CpuAttention(avx512_bf16=False)), run for
 bf16 only and only where the build has the AVX512-BF16 passes (else it is "in place" itself),
-and for int8 where the build scores a decode's queries as int16 (VNNI): its float32 queries:
+and for int8 where the build scores a decode's queries as int16 (VNNI or AVX2): its float32 queries:
 - per layer: one layer's paged attention (with its metadata) on SmolLM2's shapes (9 q heads,
   3 KV heads, head dim 64), blocks shuffled across the pool as a long-running server leaves
   them; decode 64 x 1k and 8 x 2k, prefill batches, a mixed step. The per-step column is x30

@@ -166,7 +166,7 @@ def native_paged_attention(
     them (has_avx512_bf16) unless avx512_bf16 is False (K/V rows widened to float32 copies
     first, as in issue 18): the same exact products, the score sums in another order. int8
     caches come with their scales [num_blocks, block_size, Hkv]; a decode over them runs in
-    int16 steps where the build has VNNI (has_int16_queries) unless avx512_bf16 is False."""
+    int16 steps where the build has VNNI or AVX2 (has_int16_queries) unless avx512_bf16 is False."""
     dtype = q.dtype  # a no-op .to() still costs a dispatch per layer: skipped when equal
     same = dtype == k_cache.dtype or k_scale is not None
     out = torch.ops.layerserve.paged_attention(
@@ -183,8 +183,9 @@ def has_avx512_bf16() -> bool:
 
 def has_int16_queries() -> bool:
     """Whether the loaded extension runs a decode over an int8 cache in int16 steps
-    (AVX512-VNNI): each query head's row rounded to steps of max|q| / 32767 against the int8
-    keys, and each chunk of 16 keys' weights (p x the value's scale) to steps of the chunk's
-    largest / 32767 against the int8 values, the products summed exactly in int32; unless
-    avx512_bf16 is False (float32 arithmetic on the widened rows)."""
+    (AVX512-VNNI, or AVX2's VPMADDWD with the same bits): each query head's row rounded to
+    steps of max|q| / 32767 against the int8 keys, and each chunk of 16 keys' weights (p x the
+    value's scale) to steps of the chunk's largest / 32767 against the int8 values, the
+    products summed exactly in int32; unless avx512_bf16 is False (float32 arithmetic on the
+    widened rows)."""
     return bool(torch.ops.layerserve.has_int16_queries())

@@ -48,6 +48,7 @@ HEADERS = (
     SOURCE.with_name("avx512_sums.h"),
     SOURCE.with_name("avx512_bf16.h"),
     SOURCE.with_name("avx512_int8.h"),
+    SOURCE.with_name("avx2_int8.h"),
     SOURCE.with_name("int_activations.h"),
     SOURCE.with_name("layer_ops.h"),
 )  # not compiled alone, but part of the build's key

@@ -136,8 +136,8 @@ def _step(window: int | None, seed: int = 0, dim: int = DIM, block: int = BLOCK)
 
 
 def _as_read(q: torch.Tensor, query_lens: list[int], dim: int) -> torch.Tensor:
-    """q as the extension scores it: with VNNI, a one-token tile's rows (a decode's) rounded to
-    int16 per query head, q x 2^-3 (the softmax scale, a power of two for D = 64) to
+    """q as the extension scores it: with VNNI or AVX2, a one-token tile's rows (a decode's)
+    rounded to int16 per query head, q x 2^-3 (the softmax scale, a power of two for D = 64) to
     round(q x 32767 / max|q|) steps of max|q| / 32767; other rows, and D = 32 (widened a
     block at a time), as they are."""
     if not has_int16_queries() or dim % 64:
@@ -160,10 +160,11 @@ def _decodes(query_lens: list[int]) -> list[tuple[int, int]]:
 def _weigh_decodes_as_read(
     out: torch.Tensor, q: torch.Tensor, cache: PagedKVCache, tables, window: int | None
 ) -> None:
-    """out's decode rows as the extension's int16 pass 2 computes them (with VNNI, D = 64): per
-    query head the softmax numerators p over the keys it sees, and per chunk of 16 keys from
-    its first, the weights p x v_scale rounded to int16 steps of the chunk's largest / 32767,
-    times the int8 values (summed exactly here in float64), over the sum of p."""
+    """out's decode rows as the extension's int16 pass 2 computes them (with VNNI or AVX2,
+    D = 64): per query head the softmax numerators p over the keys it sees, and per chunk of
+    16 keys from its first, the weights p x v_scale rounded to int16 steps of the chunk's
+    largest / 32767, times the int8 values (summed exactly here in float64), over the sum of
+    p."""
     dim = q.shape[-1]
     if not has_int16_queries() or dim % 64:
         return

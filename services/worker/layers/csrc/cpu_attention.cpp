@@ -53,6 +53,14 @@
 #else
 #define HAS_AVX512_BF16 0
 #endif
+// A decode over an int8 cache in integers on AVX2 where avx512_int8.h's VNNI passes are not
+// built in (the same bits: avx2_int8.h).
+#if !(HAS_AVX512_BF16 && defined(__AVX512VNNI__)) && defined(__AVX2__) && defined(__FMA__)
+#include "avx2_int8.h"
+#define HAS_AVX2_INT16 1
+#else
+#define HAS_AVX2_INT16 0
+#endif
 
 #include "layer_ops.h"
 
@@ -61,6 +69,8 @@ namespace {
 // Tokens of one sequence per work item in a prefill chunk: 16 tokens x G heads of rows reuse
 // each K/V row from L1 while the scores buffer (rows x span floats) stays small.
 constexpr int64_t QUERY_TILE = 16;
+// Keys a chunk of the 16-key passes (avx512_bf16.h, avx512_int8.h, avx2_int8.h).
+constexpr int KEYS = 16;
 
 // GCC/Clang vector extensions, so the hot loops vectorise the same on AVX2 and AVX-512 without
 // -ffast-math (which would let the compiler reassociate everything and drop IEEE semantics):
@@ -484,21 +494,25 @@ bool uses_int8_passes([[maybe_unused]] const Problem<T, C>& p) {
 #endif
 }
 
-// Whether a decode item over an int8 cache runs avx512_int8.h's int16 passes (score16 and
-// weigh16: VNNI built in, asked for by avx512_bf16; a prefill tile keeps the float32 passes).
+// Whether a decode item over an int8 cache runs int16 passes (score16 and weigh16: VNNI's in
+// avx512_int8.h or AVX2's in avx2_int8.h built in, asked for by avx512_bf16; a prefill tile
+// keeps the float32 passes).
 template <typename T, typename C>
 bool uses_int16_decode([[maybe_unused]] const Problem<T, C>& p,
                        [[maybe_unused]] const Item& item) {
 #if HAS_AVX512_BF16 && defined(__AVX512VNNI__)
   return uses_int8_passes(p) && p.avx512_bf16 && item.num_tokens == 1 &&
          p.dim <= avx512_int8::Q16_MAX_DIM;
+#elif HAS_AVX2_INT16
+  return std::is_same_v<C, int8_t> && p.avx512_bf16 && item.num_tokens == 1 &&
+         p.dim % 64 == 0 && p.dim <= avx2_int8::Q16_MAX_DIM;  // 64: the VNNI passes' dims
 #else
   return false;
 #endif
 }
 
 #if HAS_AVX512_BF16
-using avx512_bf16::KEYS;
+static_assert(avx512_bf16::KEYS == KEYS && avx512_sums::KEYS == KEYS);
 
 // Pointers to head 0's rows of keys [first, first + count) of the item's sequence in `cache`,
 // through its block table (a chunk may cross blocks); slots past `count` repeat the last key.
@@ -587,7 +601,6 @@ void weigh_values_bf16(const Problem<c10::BFloat16>& p, const Item& item, const 
 }
 #endif
 
-#if HAS_AVX512_BF16
 // Flat slots of keys [first, first + count) of the item's sequence, through its block table;
 // slots past `count` repeat the last key.
 inline void key_slots(const Layout& layout, const Item& item, int64_t first, int64_t count,
@@ -629,6 +642,7 @@ void for_each_int8_chunk(const Problem<T, int8_t>& p, const Item& item, const in
   }
 }
 
+#if HAS_AVX512_BF16
 // Pass 1 on an int8 cache (avx512_int8.h): q_r . k_t * scale_t for every row r of the item. A
 // decode's few rows are quantized to int16 once and score each key as it lies in the cache
 // (VNNI's VPDPWSSD, exact int32 sums, then x step_r x scale_t); without VNNI they widen the keys
@@ -723,6 +737,66 @@ void weigh_values_int8(const Problem<T, int8_t>& p, const Item& item, const Span
 }
 #endif
 
+#if HAS_AVX2_INT16
+// Pass 1 of a decode over an int8 cache on AVX2 (avx2_int8.h): each row's query rounded to int16
+// once, each key scored as it lies in the cache (exact int32 sums, then x step_r x scale_t).
+template <typename T>
+void score_keys_int16(const Problem<T, int8_t>& p, const Item& item, const Span& s,
+                      Scratch& scratch) {
+  widen_queries(p, item, s, scratch);
+  const int64_t kv_heads = p.token_stride / p.dim;
+  const int64_t rows = (item.head_end - item.head_begin) * s.group;  // one token
+  for (int64_t r = 0; r < rows; ++r) {
+    scratch.q_step[r] = avx2_int8::quantize_query16(scratch.q.data() + r * p.dim, p.dim,
+                                                    scratch.q16.data() + r * p.dim);
+  }
+  for_each_int8_chunk(p, item, p.k_cache, p.k_scale, s, [&](int64_t c, int64_t n,
+                                                            const int64_t* slots) {
+    const int64_t a = std::max(c, s.first(0)), b = std::min(c + n - 1, s.last(0));
+    if (a > b) return;
+    const int8_t* keys[KEYS];
+    float scale[KEYS];
+    for (int64_t h = item.head_begin; h < item.head_end; ++h) {
+      for (int j = 0; j < KEYS; ++j) {
+        keys[j] = p.k_cache + slots[j] * p.token_stride + h * p.head_stride;
+        scale[j] = p.k_scale[slots[j] * kv_heads + h];
+      }
+      for (int64_t g = 0; g < s.group; ++g) {
+        const int64_t r = s.row(item, h, 0, g);
+        avx2_int8::score16(scratch.q16.data() + r * p.dim, scratch.q_step[r], keys, scale, p.dim,
+                           static_cast<int>(a - c), static_cast<int>(b - c),
+                           scratch.scores.data() + r * s.size() + (c - s.lo));
+      }
+    }
+  });
+}
+
+// Pass 2 of a decode over an int8 cache on AVX2: each chunk's weights in int16 against the int8
+// values.
+template <typename T>
+void weigh_values_int16(const Problem<T, int8_t>& p, const Item& item, const Span& s,
+                        Scratch& scratch) {
+  const int64_t kv_heads = p.token_stride / p.dim;
+  for_each_int8_chunk(p, item, p.v_cache, p.v_scale, s, [&](int64_t c, int64_t n,
+                                                            const int64_t* slots) {
+    const int64_t a = std::max(c, s.first(0)), b = std::min(c + n - 1, s.last(0));
+    if (a > b) return;
+    const int8_t* values[KEYS];
+    float scale[KEYS];
+    for (int64_t h = item.head_begin; h < item.head_end; ++h) {
+      for (int j = 0; j < KEYS; ++j) {
+        values[j] = p.v_cache + slots[j] * p.token_stride + h * p.head_stride;
+        scale[j] = p.v_scale[slots[j] * kv_heads + h];
+      }
+      const int64_t r = s.row(item, h, 0, 0);  // the group's rows follow
+      avx2_int8::weigh16(scratch.scores.data() + r * s.size() + (c - s.lo), s.size(),
+                         static_cast<int>(a - c), static_cast<int>(b - c), scale, values,
+                         scratch.acc.data() + r * p.dim, p.dim, s.group);
+    }
+  });
+}
+#endif
+
 // Pass 2 on float32 rows (half types widened a block at a time): acc_r += p_r . V.
 template <typename T, typename C>
 void weigh_values(const Problem<T, C>& p, const Item& item, const Span& s, Scratch& scratch) {
@@ -777,7 +851,12 @@ void attend(const Problem<T, C>& p, const Item& item, Scratch& scratch) {
     if (int8_passes) score_keys_int8(p, item, s, scratch);
   }
 #endif
-  if (!bf16_passes && !int8_passes) score_keys(p, item, s, scratch);
+#if HAS_AVX2_INT16
+  if constexpr (std::is_same_v<C, int8_t>) {
+    if (int16_decode) score_keys_int16(p, item, s, scratch);
+  }
+#endif
+  if (!bf16_passes && !int8_passes && !int16_decode) score_keys(p, item, s, scratch);
   // Softmax per row over its own keys; the numerators replace the scores.
   for (int64_t h = item.head_begin; h < item.head_end; ++h) {
     for (int64_t i = 0; i < ntok; ++i) {
@@ -796,7 +875,12 @@ void attend(const Problem<T, C>& p, const Item& item, Scratch& scratch) {
     if (int8_passes) weigh_values_int8(p, item, s, scratch);
   }
 #endif
-  if (!bf16_passes && !int8_passes) weigh_values(p, item, s, scratch);
+#if HAS_AVX2_INT16
+  if constexpr (std::is_same_v<C, int8_t>) {
+    if (int16_decode) weigh_values_int16(p, item, s, scratch);
+  }
+#endif
+  if (!bf16_passes && !int8_passes && !int16_decode) weigh_values(p, item, s, scratch);
   for (int64_t h = item.head_begin; h < item.head_end; ++h) {
     for (int64_t i = 0; i < ntok; ++i) {
       for (int64_t g = 0; g < group; ++g) {
@@ -908,9 +992,10 @@ at::Tensor& attend_int8(const Layout& layout, const at::Tensor& q, const at::Ten
 // Whether this build has avx512_bf16.h's passes (compiled for a CPU with AVX512-BF16).
 bool has_avx512_bf16() { return HAS_AVX512_BF16; }
 
-// Whether a decode's queries over an int8 cache are scored as int16 (avx512_int8.h's score16).
+// Whether a decode's queries over an int8 cache are scored as int16 (avx512_int8.h's score16
+// with VNNI, avx2_int8.h's with AVX2).
 bool has_int16_queries() {
-#if HAS_AVX512_BF16 && defined(__AVX512VNNI__)
+#if (HAS_AVX512_BF16 && defined(__AVX512VNNI__)) || HAS_AVX2_INT16
   return true;
 #else
   return false;
