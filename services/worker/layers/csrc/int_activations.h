@@ -557,11 +557,20 @@ inline __m256i dot(__m256i isum, __m256i w, const __m256i* pairs) {
 // memory's speed). The float32 sums live in memory (a group's scale and offset touch them once).
 constexpr int64_t kPrefetchBytes = 1024;  // 8 chunks ahead: a few % at one row (SmolLM2, Zen 3)
 
+// int8 activations against 4-bit weights (bytes of at most 15 after the split) go through
+// vpmaddubsw instead: u8 x s8 products in s16 pairs, which cannot saturate (2 x 15 x 127), summed
+// in int16 over the group's 8 instructions (8 x 3810 < 32767), then widened to int32 once by
+// vpmaddwd with ones: the same integer sums in 2 instructions a part and row instead of 7.
+template <typename W, typename T>
+constexpr bool kByteProducts = sizeof(T) == 1 && W::template split<T>().mask == 0x0F0F0F0Fu;
+
 template <typename W, typename T, typename P, int R>
 void unit_rows(const uint8_t* w, const P* scales, int64_t groups, int64_t k, Rows<T> x,
                float* out, int64_t out_stride, int64_t valid) {
   constexpr Split split = W::template split<T>();
-  constexpr int per_int32 = 4 / sizeof(T), pair_count = sizeof(T) == 2 ? 1 : 2;
+  constexpr bool bytes16 = kByteProducts<W, T>;
+  static_assert(!bytes16 || kGroup / W::kColumns * split.count * 2 * 15 * 127 <= 32767);
+  constexpr int per_int32 = 4 / sizeof(T), pair_count = sizeof(T) == 2 || bytes16 ? 1 : 2;
   alignas(32) float acc[R][kUnitRows] = {};
   for (int64_t g = 0; g < groups; ++g) {
     __m256i isum[R][4];
@@ -574,17 +583,34 @@ void unit_rows(const uint8_t* w, const P* scales, int64_t groups, int64_t k, Row
       const auto* bytes = reinterpret_cast<const __m256i*>(at);
       for (int s = 0; s < split.count; ++s) {
         __m256i pairs[R][pair_count];
-        for (int r = 0; r < R; ++r)
-          broadcast_pairs<T>(x.xq + r * k + g * kGroup + chunk * W::kColumns + s * per_int32,
-                             pairs[r]);
+        for (int r = 0; r < R; ++r) {
+          const T* xq = x.xq + r * k + g * kGroup + chunk * W::kColumns + s * per_int32;
+          if constexpr (bytes16) {
+            int32_t four;
+            std::memcpy(&four, xq, sizeof(four));
+            pairs[r][0] = _mm256_set1_epi32(four);
+          } else {
+            broadcast_pairs<T>(xq, pairs[r]);
+          }
+        }
         for (int q = 0; q < 4; ++q) {
           const __m256i v = _mm256_loadu_si256(bytes + q);
           __m256i part = split.shifts[s] ? _mm256_srli_epi32(v, split.shifts[s]) : v;
           if (split.mask != 0xFFFFFFFFu)
             part = _mm256_and_si256(part, _mm256_set1_epi32(static_cast<int32_t>(split.mask)));
-          for (int r = 0; r < R; ++r) isum[r][q] = dot<T>(isum[r][q], part, pairs[r]);
+          for (int r = 0; r < R; ++r) {
+            if constexpr (bytes16) {
+              isum[r][q] = _mm256_add_epi16(isum[r][q], _mm256_maddubs_epi16(part, pairs[r][0]));
+            } else {
+              isum[r][q] = dot<T>(isum[r][q], part, pairs[r]);
+            }
+          }
         }
       }
+    }
+    if constexpr (bytes16) {
+      for (int r = 0; r < R; ++r)
+        for (int q = 0; q < 4; ++q) isum[r][q] = _mm256_madd_epi16(isum[r][q], _mm256_set1_epi16(1));
     }
     const P* set = scales + g * W::kSets * kUnitRows;
     for (int q = 0; q < 4; ++q) {
