@@ -738,61 +738,61 @@ void weigh_values_int8(const Problem<T, int8_t>& p, const Item& item, const Span
 #endif
 
 #if HAS_AVX2_INT16
+// for_each_int8_chunk for a decode item: fn(h, c, first, last, rows, scales) per chunk of keys
+// c.. and KV head h, with the keys [c + first, c + last] its token sees and the chunk's 16 rows
+// of head h in `cache` and their scales.
+template <typename T, typename Fn>
+void for_each_decode_chunk(const Problem<T, int8_t>& p, const Item& item, const int8_t* cache,
+                           const float* scales, const Span& s, Fn&& fn) {
+  const int64_t kv_heads = p.token_stride / p.dim;
+  for_each_int8_chunk(p, item, cache, scales, s, [&](int64_t c, int64_t n, const int64_t* slots) {
+    const int64_t a = std::max(c, s.first(0)), b = std::min(c + n - 1, s.last(0));
+    if (a > b) return;
+    const int8_t* rows[KEYS];
+    float scale[KEYS];
+    for (int64_t h = item.head_begin; h < item.head_end; ++h) {
+      for (int j = 0; j < KEYS; ++j) {
+        rows[j] = cache + slots[j] * p.token_stride + h * p.head_stride;
+        scale[j] = scales[slots[j] * kv_heads + h];
+      }
+      fn(h, c, static_cast<int>(a - c), static_cast<int>(b - c), rows, scale);
+    }
+  });
+}
+
 // Pass 1 of a decode over an int8 cache on AVX2 (avx2_int8.h): each row's query rounded to int16
 // once, each key scored as it lies in the cache (exact int32 sums, then x step_r x scale_t).
 template <typename T>
 void score_keys_int16(const Problem<T, int8_t>& p, const Item& item, const Span& s,
                       Scratch& scratch) {
   widen_queries(p, item, s, scratch);
-  const int64_t kv_heads = p.token_stride / p.dim;
   const int64_t rows = (item.head_end - item.head_begin) * s.group;  // one token
   for (int64_t r = 0; r < rows; ++r) {
     scratch.q_step[r] = avx2_int8::quantize_query16(scratch.q.data() + r * p.dim, p.dim,
                                                     scratch.q16.data() + r * p.dim);
   }
-  for_each_int8_chunk(p, item, p.k_cache, p.k_scale, s, [&](int64_t c, int64_t n,
-                                                            const int64_t* slots) {
-    const int64_t a = std::max(c, s.first(0)), b = std::min(c + n - 1, s.last(0));
-    if (a > b) return;
-    const int8_t* keys[KEYS];
-    float scale[KEYS];
-    for (int64_t h = item.head_begin; h < item.head_end; ++h) {
-      for (int j = 0; j < KEYS; ++j) {
-        keys[j] = p.k_cache + slots[j] * p.token_stride + h * p.head_stride;
-        scale[j] = p.k_scale[slots[j] * kv_heads + h];
-      }
-      for (int64_t g = 0; g < s.group; ++g) {
-        const int64_t r = s.row(item, h, 0, g);
-        avx2_int8::score16(scratch.q16.data() + r * p.dim, scratch.q_step[r], keys, scale, p.dim,
-                           static_cast<int>(a - c), static_cast<int>(b - c),
-                           scratch.scores.data() + r * s.size() + (c - s.lo));
-      }
+  for_each_decode_chunk(p, item, p.k_cache, p.k_scale, s,
+                        [&](int64_t h, int64_t c, int first, int last, const int8_t** keys,
+                            const float* scale) {
+    for (int64_t g = 0; g < s.group; ++g) {
+      const int64_t r = s.row(item, h, 0, g);
+      avx2_int8::score16(scratch.q16.data() + r * p.dim, scratch.q_step[r], keys, scale, p.dim,
+                         first, last, scratch.scores.data() + r * s.size() + (c - s.lo));
     }
   });
 }
 
 // Pass 2 of a decode over an int8 cache on AVX2: each chunk's weights in int16 against the int8
-// values.
+// values, the group's rows together.
 template <typename T>
 void weigh_values_int16(const Problem<T, int8_t>& p, const Item& item, const Span& s,
                         Scratch& scratch) {
-  const int64_t kv_heads = p.token_stride / p.dim;
-  for_each_int8_chunk(p, item, p.v_cache, p.v_scale, s, [&](int64_t c, int64_t n,
-                                                            const int64_t* slots) {
-    const int64_t a = std::max(c, s.first(0)), b = std::min(c + n - 1, s.last(0));
-    if (a > b) return;
-    const int8_t* values[KEYS];
-    float scale[KEYS];
-    for (int64_t h = item.head_begin; h < item.head_end; ++h) {
-      for (int j = 0; j < KEYS; ++j) {
-        values[j] = p.v_cache + slots[j] * p.token_stride + h * p.head_stride;
-        scale[j] = p.v_scale[slots[j] * kv_heads + h];
-      }
-      const int64_t r = s.row(item, h, 0, 0);  // the group's rows follow
-      avx2_int8::weigh16(scratch.scores.data() + r * s.size() + (c - s.lo), s.size(),
-                         static_cast<int>(a - c), static_cast<int>(b - c), scale, values,
-                         scratch.acc.data() + r * p.dim, p.dim, s.group);
-    }
+  for_each_decode_chunk(p, item, p.v_cache, p.v_scale, s,
+                        [&](int64_t h, int64_t c, int first, int last, const int8_t** values,
+                            const float* scale) {
+    const int64_t r = s.row(item, h, 0, 0);  // the group's rows follow
+    avx2_int8::weigh16(scratch.scores.data() + r * s.size() + (c - s.lo), s.size(), first, last,
+                       scale, values, scratch.acc.data() + r * p.dim, p.dim, s.group);
   });
 }
 #endif
