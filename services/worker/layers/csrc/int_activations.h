@@ -525,10 +525,11 @@ inline __m256 load_floats(const at::Half* p) {
 }
 
 // The activations of one instruction's columns as the int32s that vpmaddwd pairs with a part:
-// int16, one pair; int8, (x0, x2) and (x1, x3) as s16 pairs for the even and the odd bytes.
-template <typename T>
+// int16, one pair; int8, (x0, x2) and (x1, x3) as s16 pairs for the even and the odd bytes, or
+// the four bytes as they are (kWhole: vpmaddubsw's operand, below).
+template <typename T, bool kWhole = false>
 inline void broadcast_pairs(const T* xq, __m256i* pairs) {
-  if constexpr (sizeof(T) == 2) {
+  if constexpr (sizeof(T) == 2 || kWhole) {
     int32_t pair;
     std::memcpy(&pair, xq, sizeof(pair));
     pairs[0] = _mm256_set1_epi32(pair);
@@ -583,16 +584,9 @@ void unit_rows(const uint8_t* w, const P* scales, int64_t groups, int64_t k, Row
       const auto* bytes = reinterpret_cast<const __m256i*>(at);
       for (int s = 0; s < split.count; ++s) {
         __m256i pairs[R][pair_count];
-        for (int r = 0; r < R; ++r) {
-          const T* xq = x.xq + r * k + g * kGroup + chunk * W::kColumns + s * per_int32;
-          if constexpr (bytes16) {
-            int32_t four;
-            std::memcpy(&four, xq, sizeof(four));
-            pairs[r][0] = _mm256_set1_epi32(four);
-          } else {
-            broadcast_pairs<T>(xq, pairs[r]);
-          }
-        }
+        for (int r = 0; r < R; ++r)
+          broadcast_pairs<T, bytes16>(
+              x.xq + r * k + g * kGroup + chunk * W::kColumns + s * per_int32, pairs[r]);
         for (int q = 0; q < 4; ++q) {
           const __m256i v = _mm256_loadu_si256(bytes + q);
           __m256i part = split.shifts[s] ? _mm256_srli_epi32(v, split.shifts[s]) : v;
