@@ -110,9 +110,12 @@ def test_int8_cache_counts_its_scales() -> None:
 STEP = [(1, 40), (1, 17), (23, 23), (1, 1), (9, 50)]
 
 
-def _step(window: int | None, seed: int = 0, dim: int = DIM, block: int = BLOCK):
+def _step(
+    window: int | None, seed: int = 0, dim: int = DIM, block: int = BLOCK, q_scale: float = 1.0
+):
     """The STEP's keys and values written into an int8 cache and a float32 one (the same float
-    values), their blocks scattered; q, and what the extension and both references give."""
+    values), their blocks scattered; q (standard normal x q_scale), and what the extension and
+    both references give."""
     query_lens, contexts = [q for q, _ in STEP], [c for _, c in STEP]
     needed = [-(-c // block) for c in contexts]
     order = torch.randperm(sum(needed), generator=torch.Generator().manual_seed(seed)) + 1
@@ -125,6 +128,7 @@ def _step(window: int | None, seed: int = 0, dim: int = DIM, block: int = BLOCK)
     int8.write(0, k, v, slots)
     wide.write(0, k, v, slots)
     q = torch.randn(sum(query_lens), HEADS, dim, generator=torch.Generator().manual_seed(seed))
+    q = q * q_scale
     native = CpuAttention().metadata(query_lens, contexts, tables, block, CPU)
     torch_meta = TorchAttention().metadata(query_lens, contexts, tables, block, CPU)
     out = CpuAttention().paged_attention(q, int8.layer(0), native, window)
@@ -162,9 +166,9 @@ def _weigh_decodes_as_read(
 ) -> None:
     """out's decode rows as the extension's int16 pass 2 computes them (with VNNI or AVX2,
     D = 64): per query head the softmax numerators p over the keys it sees, and per chunk of
-    16 keys from its first, the weights p x v_scale rounded to int16 steps of the chunk's
-    largest / 32767, times the int8 values (summed exactly here in float64), over the sum of
-    p."""
+    16 keys from its first, the weights p x v_scale (denormals flushed to zero) rounded to int16
+    steps of the chunk's largest / 32767, times the int8 values (summed exactly here in
+    float64), over the sum of p."""
     dim = q.shape[-1]
     if not has_int16_queries() or dim % 64:
         return
@@ -180,6 +184,7 @@ def _weigh_decodes_as_read(
             scores = keys[:, kv] @ q[token, head] / math.sqrt(dim)
             p = torch.exp(scores - scores.max())
             weights = p * v_scale[slots, kv]
+            weights[weights < torch.finfo(torch.float32).tiny] = 0.0  # flushed as denormal
             total = torch.zeros(dim, dtype=torch.float64)
             for c in range(0, len(slots), 16):
                 largest = weights[c : c + 16].max()
@@ -216,6 +221,18 @@ def test_int8_attention_within_the_quantization_error(window: int | None) -> Non
     assert (error <= bound).all()
     assert error.max() > 0  # the values were quantized: not the float cache read back
     assert (error / bound).max() > 0.02  # the bound is one the kernel comes near
+
+
+def test_scores_spread_past_floats_range_leave_the_callers_float_mode() -> None:
+    """Queries 30x larger spread each row's scores over hundreds: many softmax weights fall
+    to e^-87 and below, where the products the kernel forms are denormal. It flushes those to
+    zero while it runs (x86 spends ~100 cycles on each denormal operation otherwise), so its
+    result is the dequantized reference's; and the calling thread's float mode is its own
+    again afterwards: torch still computes denormals."""
+    _, _, out, dequantized, _, _ = _step(None, q_scale=30.0)
+    torch.testing.assert_close(out, dequantized, atol=2e-5, rtol=1e-5)
+    tiny = torch.tensor([1e-39]) * torch.tensor([1.0])
+    assert tiny.item() != 0.0
 
 
 def test_int8_attention_takes_bfloat16_queries() -> None:

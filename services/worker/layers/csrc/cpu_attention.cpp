@@ -41,6 +41,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 #include "vec_exp.h"
 
 #if defined(__AVX512F__)
@@ -899,8 +903,25 @@ void attend(const Problem<T, C>& p, const Item& item, Scratch& scratch) {
   }
 }
 
-// Every item on OpenMP threads; a thread keeps its scratch across items. Scales: an int8
-// cache's (C = int8_t), else undefined tensors.
+// Denormal floats read and written as zero (MXCSR's DAZ and FTZ) on this thread while it lives.
+// A softmax weight near e^-87 (vec_exp's floor) times a value, or an int8 value's scale, is
+// denormal, and x86 takes a microcode assist of ~100 cycles for each such operation: a prefill
+// over an int8 cache whose scores spread widely took 25x its time (benchmarks.cpu_attention's
+// random caches, 573 -> 23 ms a layer). Terms below 2^-126 of a softmax's largest change no
+// float32 sum they join.
+class FlushDenormals {
+ public:
+#if defined(__SSE__)
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }  // FTZ | DAZ
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
+// Every item on OpenMP threads; a thread keeps its scratch across items, and flushes denormals
+// while it attends. Scales: an int8 cache's (C = int8_t), else undefined tensors.
 template <typename T, typename C = T>
 void attend_all(const Layout& layout, const at::Tensor& q, const at::Tensor& k_cache,
                 const at::Tensor& v_cache, const at::Tensor& k_scale, const at::Tensor& v_scale,
@@ -918,6 +939,7 @@ void attend_all(const Layout& layout, const at::Tensor& q, const at::Tensor& k_c
   const int64_t count = static_cast<int64_t>(items.size());
 #pragma omp parallel num_threads(static_cast<int>(std::max<int64_t>(1, std::min(threads, count))))
   {
+    const FlushDenormals flush;
     Scratch scratch;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < count; ++i) attend(p, items[i], scratch);
