@@ -366,7 +366,8 @@ def main() -> None:
     info = machine()
     print(
         f"# {info.get('cpu_model')}, {os.cpu_count()} CPUs, torch threads "
-        f"{torch.get_num_threads()}, load average {load_average()} at start"
+        f"{torch.get_num_threads()}, load average {load_average()} at start, C++ CPU kernels "
+        f"{info['cpu_extension']}"
     )
     print(
         f"# SmolLM2-135M {dtype}, quantization {quantization.method}, on {device}, k={args.k}, "

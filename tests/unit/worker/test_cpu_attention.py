@@ -250,3 +250,13 @@ def test_the_build_is_keyed_by_its_source(monkeypatch, tmp_path) -> None:
     changed.write_text(cpu_attention_ext.SOURCE.read_text() + "\n// changed\n")
     monkeypatch.setattr(cpu_attention_ext, "SOURCES", (changed, *cpu_attention_ext.SOURCES[1:]))
     assert cpu_attention_ext.library_path() != before
+
+
+def test_benchmark_reports_say_whether_the_kernels_were_built(monkeypatch, tmp_path) -> None:
+    """A benchmark's machine record names whether this run had the C++ kernels, and says so
+    when they are not built (the same run then takes torch's ops, several times slower)."""
+    from benchmarks.machine import machine
+
+    assert machine()["cpu_extension"] == "built"
+    monkeypatch.setattr(cpu_attention_ext, "library_path", lambda: tmp_path / "absent.so")
+    assert machine()["cpu_extension"] == "not built: torch's ops instead"
